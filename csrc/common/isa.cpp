@@ -1,0 +1,128 @@
+#include "common/isa.h"
+
+#include <cstdlib>
+#include <stdexcept>
+
+#if defined(SHRIKE_X86)
+#include <cpuid.h>
+#elif defined(SHRIKE_AARCH64)
+#include <sys/auxv.h>
+#endif
+
+namespace shrike {
+namespace {
+
+CpuFeatures detect() {
+  CpuFeatures f;
+#if defined(SHRIKE_X86)
+  unsigned a, b, c, d;
+  if (__get_cpuid(1, &a, &b, &c, &d)) {
+    f.fma = c & (1u << 12);
+    f.f16c = c & (1u << 29);
+    bool osxsave = c & (1u << 27);
+    unsigned xcr0 = 0;
+    if (osxsave) {
+      unsigned hi;
+      __asm__("xgetbv" : "=a"(xcr0), "=d"(hi) : "c"(0));
+    }
+    bool ymm_enabled = (xcr0 & 6) == 6;
+    if (ymm_enabled && __get_cpuid_count(7, 0, &a, &b, &c, &d)) {
+      f.avx2 = b & (1u << 5);
+      f.avx512_vnni = (c & (1u << 11)) && (xcr0 & 0xe0) == 0xe0;
+      if (__get_cpuid_count(7, 1, &a, &b, &c, &d)) f.avx_vnni = a & (1u << 4);
+    }
+  }
+#elif defined(SHRIKE_AARCH64)
+  unsigned long hw = getauxval(AT_HWCAP), hw2 = getauxval(AT_HWCAP2);
+  f.asimddp = hw & (1ul << 20);   // HWCAP_ASIMDDP
+  f.sve = hw & (1ul << 22);       // HWCAP_SVE
+  f.sve2 = hw2 & (1ul << 1);      // HWCAP2_SVE2
+  f.i8mm = hw2 & (1ul << 13);     // HWCAP2_I8MM
+  f.bf16 = hw2 & (1ul << 14);     // HWCAP2_BF16
+#endif
+  return f;
+}
+
+bool compiled(Isa isa) {
+  switch (isa) {
+    case Isa::scalar: return true;
+#if defined(SHRIKE_X86)
+    case Isa::avx2: return true;
+#elif defined(SHRIKE_AARCH64)
+    case Isa::dotprod:
+    case Isa::i8mm:
+    case Isa::sve2: return true;
+#endif
+    default: return false;
+  }
+}
+
+bool cpu_runs(Isa isa) {
+  const CpuFeatures& f = cpu_features();
+  switch (isa) {
+    case Isa::scalar: return true;
+    case Isa::avx2: return f.avx2 && f.fma && f.f16c;
+    case Isa::dotprod: return f.asimddp;
+    case Isa::i8mm: return f.asimddp && f.i8mm;
+    case Isa::sve2: return f.sve2 && f.i8mm;
+  }
+  return false;
+}
+
+Isa best_available() {
+  for (int i = kNumIsas - 1; i > 0; --i)
+    if (isa_available(static_cast<Isa>(i))) return static_cast<Isa>(i);
+  return Isa::scalar;
+}
+
+Isa parse_isa(const std::string& name) {
+  for (int i = 0; i < kNumIsas; ++i) {
+    Isa isa = static_cast<Isa>(i);
+    if (name == isa_name(isa)) {
+      if (!isa_available(isa)) break;
+      return isa;
+    }
+  }
+  std::string avail;
+  for (int i = 0; i < kNumIsas; ++i)
+    if (isa_available(static_cast<Isa>(i))) avail += std::string(avail.empty() ? "" : ", ") + isa_name(static_cast<Isa>(i));
+  throw std::invalid_argument("kernel variant '" + name + "' is not available on this CPU/build; available: " + avail);
+}
+
+Isa initial_isa() {
+  const char* forced = std::getenv("SHRIKE_ISA");
+  if (forced && *forced) return parse_isa(forced);
+  return best_available();
+}
+
+Isa g_active = Isa::scalar;
+bool g_active_set = false;
+
+}  // namespace
+
+const CpuFeatures& cpu_features() {
+  static const CpuFeatures f = detect();
+  return f;
+}
+
+const char* isa_name(Isa isa) {
+  static const char* names[kNumIsas] = {"scalar", "avx2", "dotprod", "i8mm", "sve2"};
+  return names[static_cast<int>(isa)];
+}
+
+bool isa_available(Isa isa) { return compiled(isa) && cpu_runs(isa); }
+
+Isa active_isa() {
+  if (!g_active_set) {
+    g_active = initial_isa();
+    g_active_set = true;
+  }
+  return g_active;
+}
+
+void set_active_isa(const std::string& name) {
+  g_active = parse_isa(name);
+  g_active_set = true;
+}
+
+}  // namespace shrike

@@ -1,0 +1,48 @@
+# Kernel sources are grouped by op (csrc/<op>/) and named by ISA suffix:
+#   *_ref.cpp     portable scalar reference, always built
+#   *_avx2.cpp    x86-64 AVX2+FMA+F16C
+#   *_dotprod.cpp aarch64 NEON with SDOT
+#   *_i8mm.cpp    aarch64 NEON with SMMLA
+#   *_sve2.cpp    aarch64 SVE2 (vector-length agnostic)
+# Each ISA file gets only its own target flags; the runtime dispatcher (csrc/common/isa.cpp)
+# decides from cpuid / HWCAP which compiled variant runs.
+file(GLOB_RECURSE SHRIKE_ALL_SOURCES CONFIGURE_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/*.cpp)
+list(FILTER SHRIKE_ALL_SOURCES EXCLUDE REGEX "/bindings[^/]*\\.cpp$|/tests/")
+
+set(SHRIKE_SOURCES "")
+foreach(src ${SHRIKE_ALL_SOURCES})
+  if(src MATCHES "_avx2\\.cpp$")
+    if(CMAKE_SYSTEM_PROCESSOR MATCHES "x86_64|AMD64")
+      set_source_files_properties(${src} PROPERTIES COMPILE_OPTIONS "-mavx2;-mfma;-mf16c")
+      list(APPEND SHRIKE_SOURCES ${src})
+    endif()
+  elseif(src MATCHES "_dotprod\\.cpp$")
+    if(CMAKE_SYSTEM_PROCESSOR MATCHES "aarch64|arm64")
+      set_source_files_properties(${src} PROPERTIES COMPILE_OPTIONS "-march=armv8.2-a+dotprod")
+      list(APPEND SHRIKE_SOURCES ${src})
+    endif()
+  elseif(src MATCHES "_i8mm\\.cpp$")
+    if(CMAKE_SYSTEM_PROCESSOR MATCHES "aarch64|arm64")
+      set_source_files_properties(${src} PROPERTIES COMPILE_OPTIONS "-march=armv8.6-a+dotprod+i8mm")
+      list(APPEND SHRIKE_SOURCES ${src})
+    endif()
+  elseif(src MATCHES "_sve2\\.cpp$")
+    if(CMAKE_SYSTEM_PROCESSOR MATCHES "aarch64|arm64")
+      set_source_files_properties(${src} PROPERTIES COMPILE_OPTIONS "-march=armv9-a+sve2+i8mm")
+      list(APPEND SHRIKE_SOURCES ${src})
+    endif()
+  else()
+    list(APPEND SHRIKE_SOURCES ${src})
+  endif()
+endforeach()
+
+add_library(shrike_kernels STATIC ${SHRIKE_SOURCES})
+target_include_directories(shrike_kernels PUBLIC ${CMAKE_CURRENT_LIST_DIR})
+target_compile_options(shrike_kernels PRIVATE -O3 -fno-math-errno)
+if(CMAKE_SYSTEM_PROCESSOR MATCHES "x86_64|AMD64")
+  target_compile_definitions(shrike_kernels PUBLIC SHRIKE_X86=1)
+elseif(CMAKE_SYSTEM_PROCESSOR MATCHES "aarch64|arm64")
+  target_compile_definitions(shrike_kernels PUBLIC SHRIKE_AARCH64=1)
+endif()
+find_package(Threads REQUIRED)
+target_link_libraries(shrike_kernels PUBLIC Threads::Threads)

@@ -1,0 +1,3 @@
+"""Shrike: a CPU-native LLM serving engine."""
+
+__version__ = "0.1.0"
