@@ -1,0 +1,101 @@
+"""`shrike` command line: generate, convert, doctor (and more as the engine grows)."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from shrike import __version__
+from shrike.errors import ConfigError
+
+
+def _add_model_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", nargs="?", default=None,
+                   help="model directory (Hugging Face layout) or .gguf file; default: SmolLM2-135M-Instruct")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                   help="weight and activation dtype (default: the checkpoint's)")
+    p.add_argument("--max-model-len", type=int, default=None, help="maximum tokens per sequence (prompt + output)")
+    p.add_argument("--chat-template", default=None, help="Jinja chat template file (or string) replacing the model's")
+    p.add_argument("--kv-cache-space", type=float, default=None, metavar="GIB",
+                   help="KV-cache size in GiB (default: sized from free memory)")
+
+
+def _add_sampling_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--min-tokens", type=int, default=0)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=-1)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--presence-penalty", type=float, default=0.0)
+    p.add_argument("--frequency-penalty", type=float, default=0.0)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--ignore-eos", action="store_true")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="shrike", description="Shrike: CPU-native LLM serving with ahead-of-time compiled SIMD kernels.")
+    parser.add_argument("--version", action="version", version=f"shrike {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    gen = sub.add_parser("generate", help="generate text from a prompt, streamed to the terminal",
+                         description="Generate a continuation (or a chat answer with --chat) and stream it.")
+    _add_model_arguments(gen)
+    gen.add_argument("--prompt", required=True, help="prompt text (the user message with --chat)")
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    gen.add_argument("--system", default=None, help="system message (with --chat)")
+    _add_sampling_arguments(gen)
+    gen.add_argument("--stats", action="store_true", help="print time to first token and decode speed to stderr")
+
+    conv = sub.add_parser("convert", help="convert a GGUF file to a Hugging Face-style directory",
+                          description="Convert a GGUF (llama architecture) into bf16 safetensors + tokenizer + config.")
+    conv.add_argument("src", type=Path, help="input .gguf file")
+    conv.add_argument("dst", type=Path, help="output directory")
+
+    from shrike.doctor import add_doctor_arguments
+    doc = sub.add_parser("doctor", help="show CPU, kernels, core binding, memory plan, caches and plugins",
+                         description="Explain what Shrike detected and would use on this machine.")
+    add_doctor_arguments(doc)
+    return parser
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from shrike.generate import run_generate
+    return run_generate(args)
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from shrike.convert import convert_gguf
+    if not args.src.is_file():
+        raise ConfigError(f"{args.src} is not a file")
+    convert_gguf(args.src, args.dst)
+    print(f"wrote {args.dst}")
+    return 0
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from shrike.doctor import doctor_main
+    return doctor_main(args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handlers = {"generate": _generate, "convert": _convert, "doctor": _doctor}
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return handlers[args.command](args)
+    except (ConfigError, ValueError, FileNotFoundError) as e:
+        print(f"shrike {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""The engine: requests in, incremental outputs out, one scheduled model step at a time."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from shrike.engine.block_manager import BlockManager
+from shrike.engine.model_runner import ModelRunner
+from shrike.engine.scheduler import Scheduler
+from shrike.engine.sequence import Sequence, SequenceStatus
+from shrike.engine.stop import StopStringFilter
+from shrike.errors import ConfigError
+from shrike.model.loader import LoadedModel, load_model
+from shrike.sampling.params import SamplingParams
+from shrike.sampling.sampler import TokenLogprobs
+from shrike.tokenizer import IncrementalDecoder
+
+
+@dataclass
+class EngineConfig:
+    model: str | None = None  # directory or .gguf; None: the default model
+    dtype: str = "auto"  # auto (the checkpoint's), float32, bfloat16
+    max_model_len: int | None = None  # None: the model's maximum
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    block_size: int = 16
+    kv_cache_space_gib: float | None = None  # None: sized from free memory
+    chat_template: str | None = None
+    progress: bool = True
+
+
+@dataclass
+class CompletionDelta:
+    """What one of a request's n sequences produced in one step."""
+
+    index: int
+    token_ids: list[int]
+    text: str
+    logprobs: list[TokenLogprobs]
+    finish_reason: str | None = None  # stop, length or abort, once finished
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    deltas: list[CompletionDelta]
+    finished: bool  # every sequence of the request is finished
+    num_prompt_tokens: int
+    num_output_tokens: int  # over all sequences so far
+    prompt_logprobs: list[TokenLogprobs | None] | None = None  # with the first output only
+    first_token_time: float | None = None
+
+
+@dataclass
+class _Request:
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    seqs: list[Sequence]
+    decoders: list[IncrementalDecoder]
+    stop_filters: list[StopStringFilter]
+    emitted_logprobs: list[int] = field(default_factory=list)  # per sequence
+    prompt_logprobs_sent: bool = False
+    arrival_time: float = field(default_factory=time.monotonic)
+    first_token_time: float | None = None
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        loaded: LoadedModel = load_model(config.model, config.dtype, config.max_model_len, config.chat_template,
+                                         progress=config.progress)
+        self.model_config = loaded.config
+        self.tokenizer = loaded.tokenizer
+        self.dtype = loaded.dtype
+        self.model_dir = loaded.model_dir
+        self.max_model_len = loaded.max_model_len
+        self.kv_plan = loaded.plan_kv_cache(config.kv_cache_space_gib, config.block_size, config.max_num_seqs)
+        self.block_manager = BlockManager(self.kv_plan.num_blocks, config.block_size)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
+        self.runner = ModelRunner(loaded.model, self.kv_plan.num_blocks, config.block_size, self.dtype)
+        self.eos_ids = frozenset(self.tokenizer.eos_token_ids)
+        self.requests: dict[str, _Request] = {}
+
+    # Requests -------------------------------------------------------------------------
+
+    def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        """Raise ValueError (a client error) when the request can never be served."""
+        if not prompt_ids:
+            raise ValueError("the prompt is empty")
+        if len(prompt_ids) >= self.max_model_len:
+            raise ValueError(f"the prompt has {len(prompt_ids)} tokens but the maximum context length is "
+                             f"{self.max_model_len} tokens (prompt plus output); shorten the prompt")
+        if params.max_tokens is not None and len(prompt_ids) + params.max_tokens > self.max_model_len:
+            raise ValueError(f"max_tokens={params.max_tokens} does not fit: the prompt has {len(prompt_ids)} tokens "
+                             f"and the maximum context length is {self.max_model_len}; ask for at most "
+                             f"{self.max_model_len - len(prompt_ids)} tokens")
+        vocab = self.model_config.vocab_size
+        if any(not 0 <= t < vocab for t in prompt_ids):
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+
+    def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        self.check_request(prompt_ids, params)
+        seqs = [Sequence(request_id, i, prompt_ids, params, self.eos_ids) for i in range(params.n)]
+        self.requests[request_id] = _Request(
+            request_id, list(prompt_ids), params, seqs,
+            [IncrementalDecoder(self.tokenizer, prompt_ids, params.skip_special_tokens) for _ in seqs],
+            [StopStringFilter(params.stop) for _ in seqs], [0] * len(seqs))
+        for seq in seqs:
+            self.scheduler.add(seq)
+
+    def abort(self, request_id: str) -> None:
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            return
+        for seq in request.seqs:
+            if not seq.is_finished:
+                self.scheduler.finish(seq, "abort")
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # Steps ----------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        batch = self.scheduler.schedule()
+        if not batch:
+            return []
+        lengths_before = {id(item.seq): item.seq.num_tokens for item in batch}
+        self.runner.step(batch)
+        touched: dict[str, list[Sequence]] = {}
+        for item in batch:
+            if item.seq.num_tokens > lengths_before[id(item.seq)]:
+                touched.setdefault(item.seq.request_id, []).append(item.seq)
+        return [self._collect(self.requests[rid], seqs) for rid, seqs in touched.items() if rid in self.requests]
+
+    def _finish_reason(self, seq: Sequence, token: int) -> str | None:
+        p = seq.params
+        # The sampler keeps these tokens out until min_tokens are generated.
+        if token in p.stop_token_ids or (token in self.eos_ids and not p.ignore_eos):
+            return "stop"
+        if p.max_tokens is not None and len(seq.output_ids) >= p.max_tokens:
+            return "length"
+        if seq.num_tokens >= self.max_model_len:
+            return "length"
+        return None
+
+    def _collect(self, request: _Request, seqs: list[Sequence]) -> RequestOutput:
+        now = time.monotonic()
+        if request.first_token_time is None:
+            request.first_token_time = now
+        deltas = []
+        for seq in seqs:
+            token = seq.output_ids[-1]
+            reason = self._finish_reason(seq, token)
+            is_stop_token = reason == "stop"
+            text = "" if is_stop_token else request.decoders[seq.index].push(token)
+            text, hit_stop_string = request.stop_filters[seq.index].push(text)
+            if hit_stop_string:
+                reason = "stop"
+            elif reason is not None:
+                text += request.stop_filters[seq.index].flush()
+            sent = request.emitted_logprobs[seq.index]
+            logprobs = seq.output_logprobs[sent:]
+            request.emitted_logprobs[seq.index] = len(seq.output_logprobs)
+            if reason is not None:
+                self.scheduler.finish(seq, reason)
+            deltas.append(CompletionDelta(seq.index, [token], text, logprobs, reason))
+        finished = all(s.is_finished for s in request.seqs)
+        prompt_logprobs = None
+        if request.params.prompt_logprobs is not None and not request.prompt_logprobs_sent:
+            prompt_logprobs = request.seqs[0].prompt_logprobs
+            request.prompt_logprobs_sent = True
+        if finished:
+            del self.requests[request.request_id]
+        return RequestOutput(request.request_id, deltas, finished, len(request.prompt_ids),
+                             sum(len(s.output_ids) for s in request.seqs), prompt_logprobs, request.first_token_time)

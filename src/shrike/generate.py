@@ -1,0 +1,52 @@
+"""`shrike generate`: one prompt, streamed to the terminal."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from shrike.engine.llm_engine import EngineConfig, LLMEngine
+from shrike.sampling.params import SamplingParams
+
+
+def sampling_params_from_args(args: argparse.Namespace) -> SamplingParams:
+    return SamplingParams(
+        max_tokens=args.max_tokens, min_tokens=args.min_tokens, temperature=args.temperature, top_p=args.top_p,
+        top_k=args.top_k, min_p=args.min_p, seed=args.seed, repetition_penalty=args.repetition_penalty,
+        presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty, stop=args.stop,
+        ignore_eos=args.ignore_eos)
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    params = sampling_params_from_args(args)
+    engine = LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, max_model_len=args.max_model_len,
+                                    chat_template=args.chat_template, kv_cache_space_gib=args.kv_cache_space,
+                                    max_num_seqs=1))
+    tok = engine.tokenizer
+    if args.chat:
+        messages = ([{"role": "system", "content": args.system}] if args.system else [])
+        messages.append({"role": "user", "content": args.prompt})
+        prompt_ids = tok.encode(tok.apply_chat_template(messages, add_generation_prompt=True), add_special_tokens=False)
+    else:
+        prompt_ids = tok.encode(args.prompt)
+    if params.max_tokens is not None:
+        params.max_tokens = min(params.max_tokens, engine.max_model_len - len(prompt_ids))
+    start = time.perf_counter()
+    engine.add_request("cli", prompt_ids, params)
+    first = None
+    generated = 0
+    while engine.has_unfinished():
+        for out in engine.step():
+            if first is None:
+                first = time.perf_counter()
+            generated = out.num_output_tokens
+            for delta in out.deltas:
+                sys.stdout.write(delta.text)
+                sys.stdout.flush()
+    sys.stdout.write("\n")
+    end = time.perf_counter()
+    if args.stats and first is not None:
+        decode = (generated - 1) / (end - first) if generated > 1 and end > first else float("nan")
+        print(f"prompt {len(prompt_ids)} tokens, generated {generated}; time to first token {first - start:.3f} s; "
+              f"decode {decode:.1f} tokens/s", file=sys.stderr)
+    return 0

@@ -1,0 +1,45 @@
+"""Causal self-attention over a paged KV cache (reference path in PyTorch)."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from shrike.engine.batch import BatchContext
+
+
+class KVCache:
+    """One layer's keys and values in fixed-size blocks shared by all sequences."""
+
+    def __init__(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype):
+        # Uninitialised on purpose: attention reads only slots written earlier, and untouched
+        # pages of a large cache then cost no memory.
+        self.key = torch.empty(num_blocks * block_size, num_kv_heads, head_dim, dtype=dtype)  # (slots, kv_heads, head_dim)
+        self.value = torch.empty_like(self.key)  # (slots, kv_heads, head_dim)
+
+    def write(self, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.key[slot_mapping] = k.to(self.key.dtype)
+        self.value[slot_mapping] = v.to(self.value.dtype)
+
+
+def _sequence_slots(block_table: list[int], block_size: int, length: int) -> torch.Tensor:
+    blocks = torch.tensor(block_table, dtype=torch.int64)
+    offsets = torch.arange(block_size, dtype=torch.int64)
+    return (blocks[:, None] * block_size + offsets[None, :]).reshape(-1)[:length]  # (length,)
+
+
+def paged_attention(q: torch.Tensor, cache: KVCache, ctx: BatchContext, scale: float) -> torch.Tensor:
+    """q: (T, heads, head_dim) -> (T, heads, head_dim). The new tokens' K/V are already in `cache`."""
+    out = torch.empty_like(q)
+    start = 0
+    for q_len, ctx_len, table in zip(ctx.query_lens, ctx.context_lens, ctx.block_tables):
+        slots = _sequence_slots(table, ctx.block_size, ctx_len)
+        k = cache.key[slots].to(q.dtype).transpose(0, 1)  # (kv_heads, ctx_len, head_dim)
+        v = cache.value[slots].to(q.dtype).transpose(0, 1)
+        qs = q[start:start + q_len].transpose(0, 1)  # (heads, q_len, head_dim)
+        # Query j sits at position ctx_len - q_len + j and sees keys up to that position.
+        q_pos = torch.arange(ctx_len - q_len, ctx_len)[:, None]
+        mask = torch.arange(ctx_len)[None, :] <= q_pos  # (q_len, ctx_len)
+        o = F.scaled_dot_product_attention(qs, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+        out[start:start + q_len] = o.transpose(0, 1)
+        start += q_len
+    return out

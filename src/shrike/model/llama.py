@@ -1,0 +1,112 @@
+"""The Llama family: Llama (incl. MiniCPM5), MiniCPM, Qwen2 and Qwen3 share one decoder.
+
+Differences are switches on ModelConfig: q/k/v bias (Qwen2), q/k RMSNorm (Qwen3), and
+MiniCPM's embedding, residual-branch and logit scalings.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from shrike.engine.batch import BatchContext
+from shrike.errors import ConfigError
+from shrike.layers.attention import KVCache, paged_attention
+from shrike.layers.linear import DenseLinear
+from shrike.layers.norm import RMSNorm
+from shrike.layers.rotary import RotaryEmbedding, apply_rotary
+from shrike.model.config import ModelConfig
+from shrike.model.weights import CheckpointTensors
+
+# Builds a linear layer from checkpoint prefixes fused along the output dimension:
+# (tensors, prefixes, in_features, out_features per prefix, has_bias) -> layer
+LinearFactory = Callable[[CheckpointTensors, list[str], int, list[int], bool], Callable[[torch.Tensor], torch.Tensor]]
+
+
+def dense_linear_factory(dtype: torch.dtype) -> LinearFactory:
+    def make(tensors, prefixes, in_features, out_features, bias):
+        return DenseLinear.load(tensors, prefixes, in_features, out_features, bias, dtype)
+    return make
+
+
+class DecoderLayer:
+    def __init__(self, config: ModelConfig, tensors: CheckpointTensors, index: int, dtype: torch.dtype,
+                 make_linear: LinearFactory):
+        c = config
+        p = f"model.layers.{index}"
+        q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        self.config = c
+        self.input_norm = RMSNorm(tensors.get(f"{p}.input_layernorm.weight", (c.hidden_size,), dtype), c.rms_norm_eps)
+        self.post_attention_norm = RMSNorm(
+            tensors.get(f"{p}.post_attention_layernorm.weight", (c.hidden_size,), dtype), c.rms_norm_eps)
+        attn = f"{p}.self_attn"
+        self.qkv_proj = make_linear(tensors, [f"{attn}.q_proj", f"{attn}.k_proj", f"{attn}.v_proj"],
+                                    c.hidden_size, [q_size, kv_size, kv_size], c.attention_bias)
+        self.o_proj = make_linear(tensors, [f"{attn}.o_proj"], q_size, [c.hidden_size], c.o_proj_bias)
+        if c.qk_norm:
+            self.q_norm = RMSNorm(tensors.get(f"{attn}.q_norm.weight", (c.head_dim,), dtype), c.rms_norm_eps)
+            self.k_norm = RMSNorm(tensors.get(f"{attn}.k_norm.weight", (c.head_dim,), dtype), c.rms_norm_eps)
+        mlp = f"{p}.mlp"
+        self.gate_up_proj = make_linear(tensors, [f"{mlp}.gate_proj", f"{mlp}.up_proj"], c.hidden_size,
+                                        [c.intermediate_size, c.intermediate_size], c.mlp_bias)
+        self.down_proj = make_linear(tensors, [f"{mlp}.down_proj"], c.intermediate_size, [c.hidden_size], c.mlp_bias)
+        self.q_size, self.kv_size = q_size, kv_size
+        self.scale = c.head_dim ** -0.5
+
+    def __call__(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache,
+                 ctx: BatchContext) -> torch.Tensor:
+        c = self.config
+        tokens = hidden.shape[0]
+        qkv = self.qkv_proj(self.input_norm(hidden))  # (T, q_size + 2 * kv_size)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.reshape(tokens, c.num_heads, c.head_dim)
+        k = k.reshape(tokens, c.num_kv_heads, c.head_dim)
+        v = v.reshape(tokens, c.num_kv_heads, c.head_dim)
+        if c.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        cache.write(ctx.slot_mapping, k, v)
+        attn = paged_attention(q, cache, ctx, self.scale).reshape(tokens, self.q_size)
+        hidden = hidden + self.o_proj(attn) * c.residual_scale if c.residual_scale != 1.0 else hidden + self.o_proj(attn)
+        gate, up = self.gate_up_proj(self.post_attention_norm(hidden)).chunk(2, dim=-1)
+        mlp_out = self.down_proj(F.silu(gate) * up)
+        return hidden + mlp_out * c.residual_scale if c.residual_scale != 1.0 else hidden + mlp_out
+
+
+class CausalLM:
+    def __init__(self, config: ModelConfig, tensors: CheckpointTensors, dtype: torch.dtype,
+                 make_linear: LinearFactory | None = None, max_positions: int | None = None,
+                 progress: Callable[[int], None] | None = None):
+        c = config
+        make_linear = make_linear or dense_linear_factory(dtype)
+        self.config, self.dtype = c, dtype
+        self.embed_tokens = tensors.get("model.embed_tokens.weight", (c.vocab_size, c.hidden_size), dtype)
+        self.layers = []
+        for i in range(c.num_layers):
+            self.layers.append(DecoderLayer(c, tensors, i, dtype, make_linear))
+            if progress:
+                progress(i + 1)
+        self.norm = RMSNorm(tensors.get("model.norm.weight", (c.hidden_size,), dtype), c.rms_norm_eps)
+        if c.tie_word_embeddings:
+            self.lm_head = self.embed_tokens  # (vocab, hidden)
+        elif "lm_head.weight" in tensors:
+            self.lm_head = tensors.get("lm_head.weight", (c.vocab_size, c.hidden_size), dtype)
+        else:
+            raise ConfigError("checkpoint has no lm_head.weight and config.json says tie_word_embeddings is false")
+        self.rotary = RotaryEmbedding(c, max_positions or c.max_position_embeddings)
+
+    def forward(self, input_ids: torch.Tensor, ctx: BatchContext, kv_caches: list[KVCache],
+                logits_indices: torch.Tensor) -> torch.Tensor:
+        """input_ids: (T,) int64; logits_indices: (L,) rows of T that need logits -> (L, vocab) fp32."""
+        c = self.config
+        hidden = self.embed_tokens[input_ids]  # (T, hidden)
+        if c.scale_emb != 1.0:
+            hidden = hidden * c.scale_emb
+        cos, sin = self.rotary.cos_sin_for(ctx.positions, ctx.use_long_rope)
+        for layer, cache in zip(self.layers, kv_caches):
+            hidden = layer(hidden, cos, sin, cache, ctx)
+        hidden = self.norm(hidden[logits_indices])
+        if c.logit_divisor != 1.0:
+            hidden = hidden / c.logit_divisor
+        return F.linear(hidden, self.lm_head).float()

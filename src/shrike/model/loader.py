@@ -1,0 +1,71 @@
+"""From a model argument to a ready model: resolve the directory, read config, load weights."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from shrike.default_model import resolve_model
+from shrike.errors import ConfigError
+from shrike.model.config import ModelConfig
+from shrike.model.llama import CausalLM
+from shrike.model.weights import CheckpointTensors
+from shrike.platform.memory import KVCachePlan, plan_kv_cache
+from shrike.tokenizer import Tokenizer
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+
+
+def resolve_dtype(name: str, config: ModelConfig) -> torch.dtype:
+    if name == "auto":
+        stored = config.raw.get("torch_dtype") or config.raw.get("dtype") or "bfloat16"
+        return torch.bfloat16 if stored in ("bfloat16", "float16") else torch.float32
+    if name not in DTYPES:
+        raise ConfigError(f"--dtype {name!r} is not supported; use auto, float32 or bfloat16")
+    return DTYPES[name]
+
+
+@dataclass
+class LoadedModel:
+    model_dir: Path
+    config: ModelConfig
+    tokenizer: Tokenizer
+    model: CausalLM
+    dtype: torch.dtype
+    max_model_len: int
+    weight_bytes: int
+
+    def plan_kv_cache(self, space_gib: float | None, block_size: int, max_num_seqs: int) -> KVCachePlan:
+        c = self.config
+        return plan_kv_cache(num_layers=c.num_layers, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
+                             kv_dtype_bytes=torch.finfo(self.dtype).bits // 8, block_size=block_size,
+                             max_model_len=self.max_model_len, weight_bytes=self.weight_bytes,
+                             kv_cache_space_gib=space_gib, max_num_seqs=max_num_seqs)
+
+
+def load_model(model: str | None, dtype: str = "auto", max_model_len: int | None = None,
+               chat_template: str | None = None, progress: bool = True) -> LoadedModel:
+    model_dir = resolve_model(model)
+    config = ModelConfig.from_dir(model_dir)
+    if config.quantization_config is not None:
+        raise ConfigError(f"{model_dir} is a quantized checkpoint "
+                          f"({config.quantization_config.get('quant_method', 'unknown method')}); "
+                          "quantized loading is not available in this build")
+    torch_dtype = resolve_dtype(dtype, config)
+    limit = config.max_position_embeddings
+    if max_model_len is None:
+        max_model_len = limit
+    elif not 1 < max_model_len <= limit:
+        raise ConfigError(f"--max-model-len {max_model_len} is outside what the model supports (2..{limit})")
+    template = Path(chat_template).read_text() if chat_template and Path(chat_template).is_file() else chat_template
+    tokenizer = Tokenizer(model_dir, chat_template=template)
+    tensors = CheckpointTensors(model_dir)
+    bar = tqdm(total=config.num_layers, desc=f"Loading {model_dir.name}", unit="layer", disable=not progress)
+    net = CausalLM(config, tensors, torch_dtype, max_positions=max_model_len,
+                   progress=lambda done: bar.update(done - bar.n))
+    bar.close()
+    weight_bytes = sum(p.stat().st_size for p in model_dir.glob("*.safetensors"))
+    return LoadedModel(model_dir, config, tokenizer, net, torch_dtype, max_model_len, weight_bytes)
