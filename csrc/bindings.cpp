@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "bindings.h"
 #include "common/isa.h"
 #include "norm/rmsnorm.h"
 
@@ -62,5 +63,6 @@ NB_MODULE(_C, m) {
     d["sve"] = f.sve; d["sve2"] = f.sve2; d["bf16"] = f.bf16;
     return d;
   });
+  bind_linear(m);
   m.def("rmsnorm", &rmsnorm, nb::arg("x"), nb::arg("weight"), nb::arg("out"), nb::arg("eps"));
 }

@@ -1,0 +1,5 @@
+// Registration functions of the binding files that make up the shrike._C module.
+#pragma once
+#include <nanobind/nanobind.h>
+
+void bind_linear(nanobind::module_& m);

@@ -1,0 +1,49 @@
+// Bias loads and output stores for one row of an 8-column tile, AVX2.
+// Internal linkage on purpose: these are compiled with AVX2 flags and must never be merged
+// with a same-named inline function from a translation unit built for another ISA.
+#pragma once
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "common/dtype.h"
+
+namespace shrike::avx2 {
+namespace {
+
+inline __m256 load_bias(const float* bias, int64_t col, int valid) {
+  if (!bias) return _mm256_setzero_ps();
+  if (valid == 8) return _mm256_loadu_ps(bias + col);
+  float tmp[8] = {};
+  std::memcpy(tmp, bias + col, valid * sizeof(float));
+  return _mm256_loadu_ps(tmp);
+}
+
+// Round to nearest even, as float_to_bf16 does for finite values.
+inline __m128i to_bf16(__m256 v) {
+  __m256i b = _mm256_castps_si256(v);
+  __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+  __m256i hi = _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+  return _mm_packus_epi32(_mm256_castsi256_si128(hi), _mm256_extracti128_si256(hi, 1));
+}
+
+// Stores the first `valid` of 8 outputs at out[offset].
+inline void store_row(void* out, DType dt, int64_t offset, __m256 y, int valid) {
+  if (dt == DType::f32) {
+    float* dst = static_cast<float*>(out) + offset;
+    if (valid == 8) return _mm256_storeu_ps(dst, y);
+    float tmp[8];
+    _mm256_storeu_ps(tmp, y);
+    std::memcpy(dst, tmp, valid * sizeof(float));
+  } else {
+    uint16_t* dst = static_cast<uint16_t*>(out) + offset;
+    if (valid == 8) return _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), to_bf16(y));
+    uint16_t tmp[8];
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(tmp), to_bf16(y));
+    std::memcpy(dst, tmp, valid * sizeof(uint16_t));
+  }
+}
+
+}  // namespace
+}  // namespace shrike::avx2

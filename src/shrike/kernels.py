@@ -1,0 +1,289 @@
+"""Low-bit linear kernels of the Shrike C++ core (W4A8 and W8A8), with their thread pool.
+
+Weights are repacked once at load into interleaved tiles (``csrc/linear/layout.h``) held as a
+plain contiguous ``uint8`` tensor, so a cache can save them with safetensors (``tensors()``)
+and memory-map them back (``from_tensors()``). Activations are quantized per row on every call:
+asymmetric int8 (KleidiAI ``qai8dxp`` rule) for W4A8, symmetric int8 (vLLM CPU rule) for W8A8.
+
+The C++ side picks the best compiled variant the CPU runs (``active_isa()``); ``SHRIKE_ISA`` or
+``set_isa()`` forces one. All variants give bit-identical results to the scalar reference.
+Tensors are passed to C++ without copies (DLPack); a wrong dtype, shape or layout raises
+``TypeError`` / ``ValueError``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from shrike import _C
+
+__all__ = [
+    "W4A8Weight",
+    "W8A8Weight",
+    "linear",
+    "quantize_activations",
+    "active_isa",
+    "available_isas",
+    "set_isa",
+    "set_threads",
+    "get_threads",
+]
+
+# Stored next to the packed bytes; bump when csrc/linear/layout.h changes.
+LAYOUT_VERSION = 1
+GROUP_SIZES = (32, 64, 128)
+
+
+def active_isa() -> str:
+    """Name of the kernel variant in use: scalar, avx2, dotprod, i8mm or sve2."""
+    return _C.active_isa()
+
+
+def available_isas() -> list[str]:
+    """Variants compiled into this build that this CPU can run."""
+    return list(_C.available_isas())
+
+
+def set_isa(name: str) -> None:
+    """Force a kernel variant; ``ValueError`` naming the available ones if it cannot run here."""
+    _C.set_isa(name)
+
+
+def _parse_cpu_list(spec: str) -> list[int]:
+    cpus: list[int] = []
+    for part in spec.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, sep, hi = part.partition("-")
+        try:
+            first, last = int(lo), int(hi) if sep else int(lo)
+        except ValueError:
+            raise ValueError(f"bad CPU list {spec!r}: expected e.g. '0,1,6-11'") from None
+        if last < first:
+            raise ValueError(f"bad CPU range {part!r} in {spec!r}")
+        cpus.extend(range(first, last + 1))
+    return cpus
+
+
+def set_threads(n: int | None = None, cpu_bind: str | None = None) -> None:
+    """Size the kernel thread pool and optionally pin it.
+
+    n: threads running kernels, the calling thread included; default: one per CPU in
+    ``cpu_bind`` if given, else one per CPU this process may use (sched_getaffinity).
+    cpu_bind: CPU list such as ``"0,1,6-11"``; pool worker i (1 <= i < n) is pinned to the
+    i-th listed CPU. The calling thread is not pinned, so PyTorch threads created later keep
+    the process mask. Workers spin briefly after a call, then sleep, so they do not compete
+    with PyTorch's own threads between kernel calls. Call it while no kernel is running.
+    """
+    cpus = _parse_cpu_list(cpu_bind) if cpu_bind else []
+    if n is None:
+        n = len(cpus) if cpus else len(_C.usable_cpus())
+    _C.set_threads(int(n), cpus)
+
+
+def get_threads() -> int:
+    """Number of threads (the caller included) that run kernels."""
+    return _C.num_threads()
+
+
+def _check_tensor(t, name: str) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cpu":
+        raise ValueError(f"{name} must be on the CPU, got {t.device}")
+    return t.detach()
+
+
+def _float32_scale(scale, name: str) -> torch.Tensor:
+    scale = _check_tensor(scale, name)
+    if scale.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise TypeError(f"{name} must be float32, bfloat16 or float16, got {scale.dtype}")
+    # bf16/fp16 -> fp32 is exact, so the kernels keep the checkpoint's scale values.
+    return scale.to(torch.float32).contiguous()
+
+
+def _check_group(group_size: int, k: int) -> int:
+    if group_size not in GROUP_SIZES:
+        raise ValueError(f"group_size must be one of {GROUP_SIZES}, got {group_size}")
+    if k % group_size:
+        raise ValueError(f"K={k} is not a multiple of group_size={group_size}")
+    return group_size
+
+
+class W4A8Weight:
+    """int4 weights [N, K], symmetric, one scale per ``group_size`` consecutive K of a row."""
+
+    def __init__(self, packed: torch.Tensor, n: int, k: int, group_size: int):
+        packed = _check_tensor(packed, "packed")
+        _check_group(group_size, k)
+        expected = _C.w4a8_packed_bytes(n, k, group_size)
+        if packed.dtype != torch.uint8 or packed.shape != (expected,) or not packed.is_contiguous():
+            raise ValueError(
+                f"packed must be a contiguous uint8 tensor of shape ({expected},) for N={n}, K={k}, "
+                f"group {group_size}; got {packed.dtype} {tuple(packed.shape)}"
+            )
+        self.packed, self.n, self.k, self.group_size = packed, n, k, group_size
+
+    @classmethod
+    def from_int8(cls, weight: torch.Tensor, scale: torch.Tensor, group_size: int) -> "W4A8Weight":
+        """compressed-tensors int-quantized: weight (N, K) int8 holding [-8, 7], scale (N, K/G)."""
+        weight = _check_tensor(weight, "weight")
+        if weight.dim() != 2:
+            raise ValueError(f"weight must be 2-D (N, K), got shape {tuple(weight.shape)}")
+        n, k = weight.shape
+        _check_group(group_size, k)
+        packed = torch.empty(_C.w4a8_packed_bytes(n, k, group_size), dtype=torch.uint8)
+        _C.w4a8_pack_int8(weight, _float32_scale(scale, "scale").reshape(n, -1), group_size, packed)
+        return cls(packed, n, k, group_size)
+
+    @classmethod
+    def from_packed_int32(cls, weight_packed: torch.Tensor, scale: torch.Tensor, group_size: int) -> "W4A8Weight":
+        """compressed-tensors pack-quantized: (N, K/8) int32, element i at bits 4i stored as value + 8."""
+        weight_packed = _check_tensor(weight_packed, "weight_packed")
+        if weight_packed.dim() != 2:
+            raise ValueError(f"weight_packed must be 2-D (N, K/8), got shape {tuple(weight_packed.shape)}")
+        n, k = weight_packed.shape[0], weight_packed.shape[1] * 8
+        _check_group(group_size, k)
+        packed = torch.empty(_C.w4a8_packed_bytes(n, k, group_size), dtype=torch.uint8)
+        _C.w4a8_pack_int32(weight_packed, _float32_scale(scale, "scale").reshape(n, -1), group_size, packed)
+        return cls(packed, n, k, group_size)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """Plain tensors to save (e.g. with safetensors); inverse of ``from_tensors``."""
+        meta = torch.tensor([LAYOUT_VERSION, self.n, self.k, self.group_size], dtype=torch.int64)
+        return {"packed": self.packed, "meta": meta}
+
+    @classmethod
+    def from_tensors(cls, tensors: dict[str, torch.Tensor]) -> "W4A8Weight":
+        version, n, k, group_size = (int(v) for v in tensors["meta"].tolist())
+        if version != LAYOUT_VERSION:
+            raise ValueError(f"packed W4A8 layout version {version}, this build reads {LAYOUT_VERSION}")
+        return cls(tensors["packed"], n, k, group_size)
+
+    def unpack(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weight (N, K) int8 in [-8, 7], scale (N, K/G) float32)."""
+        weight = torch.empty(self.n, self.k, dtype=torch.int8)
+        scale = torch.empty(self.n, self.k // self.group_size, dtype=torch.float32)
+        _C.w4a8_unpack(self.packed, self.n, self.k, self.group_size, weight, scale)
+        return weight, scale
+
+    def __repr__(self) -> str:
+        return f"W4A8Weight(N={self.n}, K={self.k}, group_size={self.group_size})"
+
+
+class W8A8Weight:
+    """int8 weights [N, K], symmetric, one float32 scale per output row."""
+
+    def __init__(self, packed: torch.Tensor, n: int, k: int):
+        packed = _check_tensor(packed, "packed")
+        if k % 16:
+            raise ValueError(f"K={k} is not a multiple of 16")
+        expected = _C.w8a8_packed_bytes(n, k)
+        if packed.dtype != torch.uint8 or packed.shape != (expected,) or not packed.is_contiguous():
+            raise ValueError(
+                f"packed must be a contiguous uint8 tensor of shape ({expected},) for N={n}, K={k}; "
+                f"got {packed.dtype} {tuple(packed.shape)}"
+            )
+        self.packed, self.n, self.k = packed, n, k
+
+    @classmethod
+    def from_int8(cls, weight: torch.Tensor, scale: torch.Tensor) -> "W8A8Weight":
+        """compressed-tensors W8A8: weight (N, K) int8, scale (N, 1) or (N,)."""
+        weight = _check_tensor(weight, "weight")
+        if weight.dim() != 2:
+            raise ValueError(f"weight must be 2-D (N, K), got shape {tuple(weight.shape)}")
+        n, k = weight.shape
+        if k % 16:
+            raise ValueError(f"K={k} is not a multiple of 16")
+        scale = _float32_scale(scale, "scale")
+        if scale.numel() != n:
+            raise ValueError(f"scale must have N={n} elements, got shape {tuple(scale.shape)}")
+        packed = torch.empty(_C.w8a8_packed_bytes(n, k), dtype=torch.uint8)
+        _C.w8a8_pack(weight, scale.reshape(n), packed)
+        return cls(packed, n, k)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """Plain tensors to save (e.g. with safetensors); inverse of ``from_tensors``."""
+        return {"packed": self.packed, "meta": torch.tensor([LAYOUT_VERSION, self.n, self.k], dtype=torch.int64)}
+
+    @classmethod
+    def from_tensors(cls, tensors: dict[str, torch.Tensor]) -> "W8A8Weight":
+        version, n, k = (int(v) for v in tensors["meta"].tolist())
+        if version != LAYOUT_VERSION:
+            raise ValueError(f"packed W8A8 layout version {version}, this build reads {LAYOUT_VERSION}")
+        return cls(tensors["packed"], n, k)
+
+    def unpack(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weight (N, K) int8, scale (N, 1) float32)."""
+        weight = torch.empty(self.n, self.k, dtype=torch.int8)
+        scale = torch.empty(self.n, dtype=torch.float32)
+        _C.w8a8_unpack(self.packed, self.n, self.k, weight, scale)
+        return weight, scale.reshape(self.n, 1)
+
+    def __repr__(self) -> str:
+        return f"W8A8Weight(N={self.n}, K={self.k})"
+
+
+def _check_activations(x, k: int) -> torch.Tensor:
+    x = _check_tensor(x, "x")
+    if x.dtype not in (torch.float32, torch.bfloat16):
+        raise TypeError(f"x must be float32 or bfloat16, got {x.dtype}")
+    if x.dim() != 2 or x.shape[1] != k:
+        raise ValueError(f"x must have shape (M, {k}), got {tuple(x.shape)}")
+    if not x.is_contiguous():
+        raise ValueError("x must be contiguous (call .contiguous() first)")
+    return x
+
+
+def linear(
+    x: torch.Tensor,
+    weight: W4A8Weight | W8A8Weight,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """y (M, N) = x (M, K) . W^T (+ bias), x float32 or bfloat16, output float32 or bfloat16
+    (default: x's dtype). Activations are quantized per row inside the call."""
+    if not isinstance(weight, (W4A8Weight, W8A8Weight)):
+        raise TypeError(f"weight must be a W4A8Weight or W8A8Weight, got {type(weight).__name__}")
+    x = _check_activations(x, weight.k)
+    out_dtype = out_dtype or x.dtype
+    if out_dtype not in (torch.float32, torch.bfloat16):
+        raise TypeError(f"out_dtype must be torch.float32 or torch.bfloat16, got {out_dtype}")
+    if bias is not None:
+        bias = _check_tensor(bias, "bias")
+        if bias.shape != (weight.n,):
+            raise ValueError(f"bias must have shape ({weight.n},), got {tuple(bias.shape)}")
+        bias = bias.to(torch.float32).contiguous()
+    out = torch.empty(x.shape[0], weight.n, dtype=out_dtype)
+    if isinstance(weight, W4A8Weight):
+        _C.w4a8_linear(x, weight.packed, weight.n, weight.group_size, bias, out)
+    else:
+        _C.w8a8_linear(x, weight.packed, weight.n, bias, out)
+    return out
+
+
+def quantize_activations(x: torch.Tensor, scheme: str = "w4a8", group_size: int = 128) -> dict[str, torch.Tensor]:
+    """The per-row activation quantization the linear kernels run, exposed for tests.
+
+    scheme "w4a8": {"q" int8 (M, K), "scale" (M,), "zero" int32 (M,), "group_sum" int32 (M, K/G)},
+    x ~ (q - zero) * scale. scheme "w8a8": {"q", "scale"}, x ~ q * scale. K % 16 == 0.
+    """
+    if x is None or not isinstance(x, torch.Tensor) or x.dim() != 2:
+        raise ValueError("x must be a 2-D tensor (M, K)")
+    m, k = x.shape
+    x = _check_activations(x, k)
+    if k % 16:
+        raise ValueError(f"K={k} is not a multiple of 16")
+    q = torch.empty(m, k, dtype=torch.int8)
+    scale = torch.empty(m, dtype=torch.float32)
+    if scheme == "w8a8":
+        _C.quantize_sym(x, q, scale)
+        return {"q": q, "scale": scale}
+    if scheme != "w4a8":
+        raise ValueError(f"scheme must be 'w4a8' or 'w8a8', got {scheme!r}")
+    _check_group(group_size, k)
+    zero = torch.empty(m, dtype=torch.int32)
+    group_sum = torch.empty(m, k // group_size, dtype=torch.int32)
+    _C.quantize_asym(x, group_size, q, scale, zero, group_sum)
+    return {"q": q, "scale": scale, "zero": zero, "group_sum": group_sum}
