@@ -59,6 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
     doc = sub.add_parser("doctor", help="show CPU, kernels, core binding, memory plan, caches and plugins",
                          description="Explain what Shrike detected and would use on this machine.")
     add_doctor_arguments(doc)
+
+    from shrike.server.args import add_serve_arguments
+    add_serve_arguments(sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API",
+                                       description="Serve a model over an OpenAI-compatible HTTP API."))
     return parser
 
 
@@ -81,10 +85,15 @@ def _doctor(args: argparse.Namespace) -> int:
     return doctor_main(args)
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from shrike.server.serve import serve_main
+    return serve_main(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    handlers = {"generate": _generate, "convert": _convert, "doctor": _doctor}
+    handlers = {"generate": _generate, "convert": _convert, "doctor": _doctor, "serve": _serve}
     if args.command is None:
         parser.print_help()
         return 2

@@ -1,0 +1,79 @@
+"""`shrike serve` flags, named as vLLM names them where the meaning is the same."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import NoReturn
+
+API_KEY_ENV = "SHRIKE_API_KEY"
+DEFAULT_MAX_NUM_SEQS = 64
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
+DEFAULT_MAX_QUEUE_LEN = 128
+
+
+def _int_at_least(minimum: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is below the minimum of {minimum}")
+        return value
+    return parse
+
+
+def _port(text: str) -> int:
+    value = _int_at_least(0)(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a TCP port (0..65535)")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} must be a number above 0")
+    return value
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    # A mistyped flag deserves one line naming it, not the whole usage block above it.
+    parser.error = lambda message: _exit_with_one_line(parser, message)
+
+    parser.add_argument("model", nargs="?", default=None,
+                        help="model directory (Hugging Face layout) or .gguf file; default: SmolLM2-135M-Instruct")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    parser.add_argument("--port", type=_port, default=8000, help="TCP port (default: 8000)")
+    parser.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                        help="model name(s) clients use in the `model` field; the first one is reported "
+                             "(default: the model argument, or the default model's name)")
+    parser.add_argument("--max-model-len", type=_int_at_least(2), default=None,
+                        help="maximum tokens per sequence, prompt plus output (default: the model's)")
+    parser.add_argument("--max-num-seqs", type=_int_at_least(1), default=DEFAULT_MAX_NUM_SEQS,
+                        help=f"sequences computed together in one step (default: {DEFAULT_MAX_NUM_SEQS})")
+    parser.add_argument("--max-num-batched-tokens", type=_int_at_least(1), default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
+                        help=f"tokens computed in one step (default: {DEFAULT_MAX_NUM_BATCHED_TOKENS})")
+    parser.add_argument("--max-queue-len", type=_int_at_least(0), default=DEFAULT_MAX_QUEUE_LEN,
+                        help="sequences that may wait beyond --max-num-seqs; more get 503 with Retry-After "
+                             f"(default: {DEFAULT_MAX_QUEUE_LEN})")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                        help="weight and activation dtype (default: the checkpoint's)")
+    parser.add_argument("--kv-cache-space", type=_positive_float, default=None, metavar="GIB",
+                        help="KV-cache size in GiB (default: sized from free memory)")
+    parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV) or None,
+                        help=f"require `Authorization: Bearer KEY` on /v1/* (default: ${API_KEY_ENV}, else open)")
+    parser.add_argument("--generation-config", default="auto", choices=["auto", "vllm"],
+                        help="auto: default sampling settings from the model's generation_config.json; "
+                             "vllm: the OpenAI defaults (temperature 1, top_p 1)")
+    parser.add_argument("--chat-template", default=None, help="Jinja chat template file (or string) replacing the model's")
+    parser.add_argument("--disable-log-stats", action="store_true", help="do not log throughput every 10 s")
+
+
+def _exit_with_one_line(parser: argparse.ArgumentParser, message: str) -> NoReturn:
+    print(f"{parser.prog}: error: {message}", file=sys.stderr)
+    sys.exit(2)
