@@ -1,0 +1,1 @@
+"""What the machine offers: cores, their speed classes, memory, container limits."""

@@ -1,0 +1,128 @@
+"""Plugin discovery and selection, the registry's priority order, and the built-in rmsnorm op.
+
+The example plugin under examples/ is pip-installed into the running environment (and left there):
+discovery goes through the same entry-point metadata a user's plugin would.
+"""
+
+import importlib
+import subprocess
+import sys
+from importlib.metadata import EntryPoint
+from pathlib import Path
+
+import pytest
+import torch
+
+from shrike import _C
+from shrike.errors import ConfigError
+from shrike.ops import register_builtin_ops, rmsnorm_reference
+from shrike.plugins import PluginRegistrar, build_registry, installed_plugins, load_plugins
+from shrike.registry import Registry
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "shrike-plugin-example"
+
+
+@pytest.fixture(scope="session")
+def example_plugin():
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", str(EXAMPLE)],
+        check=True,
+    )
+    importlib.invalidate_caches()
+    return importlib.import_module("shrike_plugin_example")
+
+
+def rmsnorm_inputs(dtype=torch.float32):
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 96, generator=generator).to(dtype)
+    weight = torch.randn(96, generator=generator).to(dtype)
+    return x, weight, torch.empty_like(x)
+
+
+def test_example_plugin_is_discovered(example_plugin):
+    entry_point = installed_plugins()["example"]
+    assert entry_point.value == "shrike_plugin_example:register"
+    assert entry_point.dist.name == "shrike-plugin-example"
+
+
+def test_all_installed_plugins_load_when_unset(example_plugin):
+    registry = build_registry(environ={})
+    assert "example" in registry.plugins
+    assert registry.architecture("ToyForCausalLM").target is example_plugin.ToyForCausalLM
+    assert registry.quantization("toy-absmax-int8").target is example_plugin.ToyAbsmaxInt8
+
+
+def test_empty_selection_loads_no_plugin(example_plugin):
+    registry = build_registry(environ={"SHRIKE_PLUGINS": ""})
+    assert registry.plugins == []
+    assert registry.resolve_op("rmsnorm").source == f"builtin:{_C.active_isa()}"
+    with pytest.raises(ConfigError, match="model architecture 'ToyForCausalLM' is not supported"):
+        registry.architecture("ToyForCausalLM")
+
+
+@pytest.mark.parametrize("selection", ["example", " example , ", "example,example"])
+def test_named_selection(example_plugin, selection):
+    assert build_registry(environ={"SHRIKE_PLUGINS": selection}).plugins == ["example"]
+
+
+def test_unknown_plugin_name_lists_the_installed_ones(example_plugin):
+    with pytest.raises(ConfigError, match=r"SHRIKE_PLUGINS names nope, which is not installed \(installed plugins: .*example"):
+        build_registry(environ={"SHRIKE_PLUGINS": "example,nope"})
+
+
+def test_plugin_op_takes_priority_and_is_the_one_called(example_plugin):
+    registry = build_registry(environ={"SHRIKE_PLUGINS": "example"})
+    chosen = registry.resolve_op("rmsnorm")
+    assert (chosen.source, chosen.provider) == ("plugin", "example")
+    assert [c["source"] for c in registry.describe()["op"]["rmsnorm"]["candidates"]] == [
+        "plugin", f"builtin:{_C.active_isa()}", "reference"
+    ]
+    x, weight, out = rmsnorm_inputs()
+    calls = example_plugin.rmsnorm.calls
+    chosen.target(x, weight, out, 1e-6)
+    assert example_plugin.rmsnorm.calls == calls + 1
+    expected = torch.empty_like(x)
+    _C.rmsnorm(x, weight, expected, 1e-6)
+    torch.testing.assert_close(out, expected)
+
+
+def test_describe_names_what_each_op_resolved_to(example_plugin):
+    description = build_registry(environ={"SHRIKE_PLUGINS": "example"}).describe()
+    assert description["plugins"] == ["example"]
+    assert description["op"]["rmsnorm"]["source"] == "plugin"
+    assert description["architecture"]["ToyForCausalLM"] == {
+        "source": "plugin", "provider": "example", "candidates": [{"source": "plugin", "provider": "example"}]
+    }
+
+
+def test_reference_is_the_last_resort():
+    registry = Registry()
+    registry.register_op("rmsnorm", rmsnorm_reference, source="reference")
+    assert registry.resolve_op("rmsnorm").source == "reference"
+    builtins = Registry()
+    register_builtin_ops(builtins)
+    assert builtins.resolve_op("rmsnorm").target is _C.rmsnorm
+
+
+def test_two_plugins_providing_one_op_must_be_told_apart():
+    registry = Registry()
+    PluginRegistrar(registry, "first").register_op("rmsnorm", rmsnorm_reference)
+    with pytest.raises(ConfigError, match="op 'rmsnorm' is registered by both first and second; choose one with SHRIKE_PLUGINS"):
+        PluginRegistrar(registry, "second").register_op("rmsnorm", rmsnorm_reference)
+
+
+def test_a_plugin_that_fails_to_load_is_named():
+    broken = EntryPoint(name="broken", value="shrike_no_such_module:register", group="shrike.plugins")
+    with pytest.raises(ConfigError, match="plugin 'broken' .* failed to load: ModuleNotFoundError.*leave it out of SHRIKE_PLUGINS"):
+        load_plugins(Registry(), environ={}, installed={"broken": broken})
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_reference_rmsnorm_matches_the_kernel(dtype):
+    x, weight, out = rmsnorm_inputs(dtype)
+    rmsnorm_reference(x, weight, out, 1e-5)
+    kernel_out = torch.empty_like(x)
+    _C.rmsnorm(x, weight, kernel_out, 1e-5)
+    torch.testing.assert_close(out, kernel_out)
+    rms = x.float().pow(2).mean(-1, keepdim=True).add(1e-5).sqrt()
+    torch.testing.assert_close(out.float(), (x.float() / rms).to(dtype).float() * weight.float(), rtol=1e-2, atol=1e-2)
