@@ -1,7 +1,8 @@
 """Plugin discovery and selection, the registry's priority order, and the built-in rmsnorm op.
 
-The example plugin under examples/ is pip-installed into the running environment (and left there):
-discovery goes through the same entry-point metadata a user's plugin would.
+The example plugin under examples/ is pip-installed into the running environment for the session:
+discovery goes through the same entry-point metadata a user's plugin would. It is uninstalled
+afterwards because, once installed, its rmsnorm outranks the built-in kernel everywhere.
 """
 
 import importlib
@@ -22,14 +23,16 @@ from shrike.registry import Registry
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "shrike-plugin-example"
 
 
+def pip(*args: str) -> None:
+    subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", "--quiet", *args], check=True)
+
+
 @pytest.fixture(scope="session")
 def example_plugin():
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", str(EXAMPLE)],
-        check=True,
-    )
+    pip("install", "--no-deps", "--no-build-isolation", str(EXAMPLE))
     importlib.invalidate_caches()
-    return importlib.import_module("shrike_plugin_example")
+    yield importlib.import_module("shrike_plugin_example")
+    pip("uninstall", "--yes", "shrike-plugin-example")
 
 
 def rmsnorm_inputs(dtype=torch.float32):
