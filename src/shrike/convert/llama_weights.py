@@ -1,0 +1,113 @@
+"""GGUF llama tensors to Hugging Face LlamaForCausalLM tensors (names, layout, bf16)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+import numpy as np
+import torch
+from gguf import ReaderTensor
+from gguf.quants import dequantize
+
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.weight")
+
+
+def hf_tensor_name(gguf_name: str) -> str:
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    match = _LAYER_TENSOR.fullmatch(gguf_name)
+    if match and match.group(2) in _LAYER_NAMES:
+        return f"model.layers.{match.group(1)}.{_LAYER_NAMES[match.group(2)]}.weight"
+    if gguf_name == "rope_freqs.weight":
+        raise ValueError("this GGUF uses Llama 3.1-style RoPE frequency scaling (rope_freqs), which is not supported")
+    raise ValueError(
+        f"GGUF tensor {gguf_name!r} has no place in a plain Llama model; supported tensors are "
+        f"{', '.join(_GLOBAL_NAMES)} and blk.N.{{{','.join(_LAYER_NAMES)}}}.weight"
+    )
+
+
+def expected_shapes(config: dict) -> dict[str, tuple[int, ...]]:
+    hidden = config["hidden_size"]
+    ffn = config["intermediate_size"]
+    q_rows = config["num_attention_heads"] * config["head_dim"]
+    kv_rows = config["num_key_value_heads"] * config["head_dim"]
+    shapes = {
+        "model.embed_tokens.weight": (config["vocab_size"], hidden),
+        "model.norm.weight": (hidden,),
+    }
+    if not config["tie_word_embeddings"]:
+        shapes["lm_head.weight"] = (config["vocab_size"], hidden)
+    per_layer = {
+        "input_layernorm": (hidden,),
+        "post_attention_layernorm": (hidden,),
+        "self_attn.q_proj": (q_rows, hidden),
+        "self_attn.k_proj": (kv_rows, hidden),
+        "self_attn.v_proj": (kv_rows, hidden),
+        "self_attn.o_proj": (hidden, q_rows),
+        "mlp.gate_proj": (ffn, hidden),
+        "mlp.up_proj": (ffn, hidden),
+        "mlp.down_proj": (hidden, ffn),
+    }
+    for layer in range(config["num_hidden_layers"]):
+        for module, shape in per_layer.items():
+            shapes[f"model.layers.{layer}.{module}.weight"] = shape
+    return shapes
+
+
+def undo_rope_permutation(weight: np.ndarray, num_heads: int) -> np.ndarray:
+    """Reverse llama.cpp's HF->GGUF reordering of q_proj/k_proj rows.
+
+    llama.cpp rotates interleaved pairs (x0,x1),(x2,x3)...; HF's rotate_half pairs x_i with x_{i+head_dim/2}.
+    The converter therefore moved row i + j*head_dim/2 of each head to row 2*i + j; this moves it back.
+    """
+    rows, cols = weight.shape  # [num_heads * head_dim, hidden]
+    half_head = rows // num_heads // 2
+    interleaved = weight.reshape(num_heads, half_head, 2, cols)
+    return interleaved.swapaxes(1, 2).reshape(rows, cols)
+
+
+def dequantized(tensor: ReaderTensor) -> np.ndarray:
+    values = dequantize(tensor.data, tensor.tensor_type)
+    # GGUF lists dimensions innermost first; numpy/torch want outermost first
+    return np.array(values, dtype=np.float32).reshape(tuple(int(d) for d in reversed(tensor.shape)))
+
+
+def convert_tensors(tensors: Iterable[ReaderTensor], config: dict) -> dict[str, torch.Tensor]:
+    rope_heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
+    shapes = expected_shapes(config)
+    converted: dict[str, torch.Tensor] = {}
+    for tensor in tensors:
+        name = hf_tensor_name(tensor.name)
+        weight = dequantized(tensor)
+        if name not in shapes:
+            raise ValueError(f"GGUF tensor {tensor.name!r} does not fit the model described by the file's metadata")
+        if weight.shape != shapes[name]:
+            raise ValueError(
+                f"GGUF tensor {tensor.name!r} has shape {list(weight.shape)} but the metadata implies "
+                f"{list(shapes[name])}; the file is inconsistent or not a plain Llama model"
+            )
+        kind = tensor.name.split(".")[-2]  # "attn_q" in "blk.0.attn_q.weight"
+        if kind in rope_heads:
+            weight = undo_rope_permutation(weight, rope_heads[kind])
+        converted[name] = torch.from_numpy(weight).to(torch.bfloat16)
+    missing = sorted(set(shapes) - set(converted))
+    if missing:
+        raise ValueError(f"the GGUF file lacks {len(missing)} tensors a Llama model needs, e.g. {missing[:3]}")
+    return converted

