@@ -70,7 +70,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--generation-config", default="auto", choices=["auto", "vllm"],
                         help="auto: default sampling settings from the model's generation_config.json; "
                              "vllm: the OpenAI defaults (temperature 1, top_p 1)")
-    parser.add_argument("--chat-template", default=None, help="Jinja chat template file (or string) replacing the model's")
+    parser.add_argument("--chat-template", default=None,
+                        help="Jinja chat template file (or string) replacing the model's")
     parser.add_argument("--disable-log-stats", action="store_true", help="do not log throughput every 10 s")
 
 

@@ -1,0 +1,106 @@
+"""The FastAPI application: routes, guards and the engine loop's lifetime."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+
+from shrike import __version__
+from shrike.server.chat import create_chat_completion
+from shrike.server.completions import create_completion
+from shrike.server.context import ServerContext
+from shrike.server.errors import APIError, install_error_handlers
+from shrike.server.middleware import APIKeyMiddleware, RequestBodyMiddleware
+from shrike.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+
+logger = logging.getLogger(__name__)
+
+STATS_LOG_INTERVAL_SECONDS = 10.0
+
+
+def build_app(ctx: ServerContext, log_stats: bool = True, startup_message: str | None = None) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        ctx.async_engine.start()
+        if startup_message:
+            logger.info(startup_message)
+        stats = asyncio.ensure_future(_log_stats(ctx)) if log_stats else None
+        try:
+            yield
+        finally:
+            if stats is not None:
+                stats.cancel()
+            await ctx.async_engine.stop()
+
+    app = FastAPI(title="Shrike", version=__version__, lifespan=lifespan,
+                  description="OpenAI-compatible API served by Shrike, a CPU-native LLM engine.")
+    install_error_handlers(app)
+    app.add_middleware(RequestBodyMiddleware)
+    if ctx.api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=ctx.api_key)
+
+    @app.get("/health")
+    async def health() -> Response:
+        if not ctx.async_engine.is_running:
+            raise APIError("the engine loop is not running", 503, "service_unavailable")
+        return Response(status_code=200)
+
+    @app.get("/version")
+    async def version() -> dict:
+        return {"version": __version__}
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        return PlainTextResponse(ctx.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [
+            {"id": name, "object": "model", "created": ctx.created, "owned_by": "shrike", "root": ctx.model_root,
+             "parent": None, "max_model_len": ctx.max_model_len} for name in ctx.served_model_names]}
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        return await create_completion(body, request, ctx)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        return await create_chat_completion(body, request, ctx)
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest) -> JSONResponse:
+        ctx.check_model(body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise APIError("give exactly one of prompt and messages", param="prompt")
+        if body.messages is not None:
+            ids = ctx.encode_chat(body.messages, body.add_generation_prompt, None, body.chat_template_kwargs)
+        else:
+            ids = ctx.encode(body.prompt, body.add_special_tokens, "prompt")
+        return JSONResponse({"count": len(ids), "max_model_len": ctx.max_model_len, "tokens": ids})
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest) -> JSONResponse:
+        ctx.check_model(body.model)
+        ctx.check_token_ids(body.tokens, "tokens", ctx.tokenizer.vocab_size)
+        return JSONResponse({"prompt": ctx.tokenizer.decode(body.tokens)})
+
+    return app
+
+
+async def _log_stats(ctx: ServerContext) -> None:
+    """Every 10 s while there is work: throughput, queue and KV-cache use (off with --disable-log-stats)."""
+    metrics = ctx.metrics
+    last_prompt, last_generated = metrics.prompt_tokens, metrics.generation_tokens
+    while True:
+        await asyncio.sleep(STATS_LOG_INTERVAL_SECONDS)
+        load = ctx.async_engine.load
+        prompt, generated = metrics.prompt_tokens - last_prompt, metrics.generation_tokens - last_generated
+        last_prompt, last_generated = metrics.prompt_tokens, metrics.generation_tokens
+        if prompt or generated or load.running_requests or load.waiting_requests:
+            logger.info("prompt throughput %.1f tokens/s, generation throughput %.1f tokens/s, running %d requests, "
+                        "waiting %d, KV cache %.1f%% used", prompt / STATS_LOG_INTERVAL_SECONDS,
+                        generated / STATS_LOG_INTERVAL_SECONDS, load.running_requests, load.waiting_requests,
+                        100 * load.kv_cache_usage)

@@ -1,0 +1,189 @@
+"""POST /v1/completions."""
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.background import BackgroundTask
+from starlette.requests import Request
+from starlette.responses import Response
+
+from shrike.engine.async_engine import Generation
+from shrike.engine.llm_engine import RequestOutput
+from shrike.sampling.sampler import TokenLogprobs
+from shrike.server.context import ServerContext
+from shrike.server.errors import bad_request
+from shrike.server.generation import (ChoiceText, clamp_logprob, outputs_until_disconnect, stream_events, submit,
+                                      usage)
+from shrike.server.protocol import CompletionRequest
+from shrike.server.sampling import build_sampling_params
+
+PARAM_NAMES = set(CompletionRequest.model_fields)
+# OpenAI's default for the legacy completions endpoint.
+DEFAULT_MAX_TOKENS = 16
+
+
+@dataclass
+class _Prompt:
+    text: str  # what echo repeats
+    ids: list[int]
+
+
+def _prompts(ctx: ServerContext, prompt: str | list[str] | list[int] | list[list[int]]) -> list[_Prompt]:
+    if isinstance(prompt, str):
+        return [_Prompt(prompt, ctx.encode(prompt, True, "prompt"))]
+    if not prompt:
+        raise bad_request("prompt must not be an empty list", "prompt")
+    if all(isinstance(p, int) for p in prompt):
+        prompt = [prompt]
+    prompts = []
+    for item in prompt:
+        if isinstance(item, str):
+            prompts.append(_Prompt(item, ctx.encode(item, True, "prompt")))
+        else:
+            ctx.check_token_ids(item, "prompt")
+            prompts.append(_Prompt(ctx.tokenizer.decode(item, skip_special_tokens=False), list(item)))
+    return prompts
+
+
+def _reject_unsupported(body: CompletionRequest) -> None:
+    if body.suffix:
+        raise bad_request("suffix is not supported: this server has no fill-in-the-middle mode; leave it out",
+                          "suffix")
+    if body.best_of is not None and body.best_of != body.n:
+        raise bad_request(f"best_of is not supported (it may only equal n, {body.n}); leave it out", "best_of")
+
+
+async def create_completion(body: CompletionRequest, request: Request, ctx: ServerContext) -> Response:
+    ctx.check_model(body.model)
+    _reject_unsupported(body)
+    prompts = _prompts(ctx, body.prompt)
+    params = build_sampling_params(body, ctx.defaults, body.max_tokens, DEFAULT_MAX_TOKENS, body.logprobs,
+                                   body.logprobs if body.echo else None, ctx.max_num_seqs, ctx.vocab_size)
+    generation = await submit(ctx, [p.ids for p in prompts], params, PARAM_NAMES, "prompt")
+    response_id = f"cmpl-{uuid.uuid4().hex}"
+    created = int(time.time())
+    num_prompt_tokens = sum(len(p.ids) for p in prompts)
+    view = _ChoiceView(ctx, generation, prompts, body.echo)
+    if body.stream:
+        include_usage = body.stream_options is not None and body.stream_options.include_usage
+        events = _chunks(ctx, generation, view, response_id, created, num_prompt_tokens, include_usage)
+        return StreamingResponse(stream_events(generation, events), media_type="text/event-stream",
+                                 background=BackgroundTask(generation.close))
+    outputs = await outputs_until_disconnect(generation, request)
+    if outputs is None:
+        return Response(status_code=499)  # nobody is listening; the status only reaches the access log
+    choices = [ChoiceText() for _ in range(generation.num_sequences)]
+    logprobs = [_LogprobsBuilder(ctx) for _ in choices]
+    for output in outputs:
+        for index, delta, prefix_text, prefix_logprobs in view.deltas(output):
+            choice = choices[index]
+            choice.text += prefix_text + delta.text
+            choice.num_tokens += len(delta.token_ids)
+            logprobs[index].extend(prefix_logprobs)
+            logprobs[index].add_generated(delta.logprobs)
+            choice.finish_reason = delta.finish_reason or choice.finish_reason
+    return JSONResponse({
+        "id": response_id, "object": "text_completion", "created": created, "model": ctx.model_name,
+        "choices": [{"index": i, "text": c.text,
+                     "logprobs": logprobs[i].result() if body.logprobs is not None else None,
+                     "finish_reason": c.finish_reason} for i, c in enumerate(choices)],
+        "usage": usage(num_prompt_tokens, sum(c.num_tokens for c in choices)),
+    })
+
+
+async def _chunks(ctx: ServerContext, generation: Generation, view: "_ChoiceView", response_id: str, created: int,
+                  num_prompt_tokens: int, include_usage: bool) -> AsyncIterator[dict]:
+    want_logprobs = generation.params.logprobs is not None
+    logprobs = [_LogprobsBuilder(ctx) for _ in range(generation.num_sequences)]
+    completion_tokens = 0
+    async for output in generation:
+        choices = []
+        for index, delta, prefix_text, prefix_logprobs in view.deltas(output):
+            completion_tokens += len(delta.token_ids)
+            text = prefix_text + delta.text
+            if not text and delta.finish_reason is None and not want_logprobs:
+                continue  # bytes of a character still incomplete, or text held back as a possible stop string
+            choice_logprobs = None
+            if want_logprobs:
+                builder = logprobs[index]
+                builder.start_chunk()
+                builder.extend(prefix_logprobs)
+                builder.add_generated(delta.logprobs)
+                choice_logprobs = builder.result()
+            choices.append({"index": index, "text": text, "logprobs": choice_logprobs,
+                            "finish_reason": delta.finish_reason})
+        if choices:
+            event = {"id": response_id, "object": "text_completion", "created": created, "model": ctx.model_name,
+                     "choices": choices}
+            if include_usage:
+                event["usage"] = None
+            yield event
+    if include_usage:
+        yield {"id": response_id, "object": "text_completion", "created": created, "model": ctx.model_name,
+               "choices": [], "usage": usage(num_prompt_tokens, completion_tokens)}
+
+
+class _ChoiceView:
+    """Numbers choices across prompts (prompt i, sample j -> i * n + j) and puts the echoed prompt first."""
+
+    def __init__(self, ctx: ServerContext, generation: Generation, prompts: list[_Prompt], echo: bool):
+        self.ctx, self.generation, self.prompts, self.echo = ctx, generation, prompts, echo
+        self.echoed: set[int] = set()
+        self.prompt_logprobs: dict[str, list[TokenLogprobs | None]] = {}
+
+    def deltas(self, output: RequestOutput):
+        """-> (choice index, delta, echoed prompt text, echoed prompt (token id, logprobs) pairs)."""
+        prompt_index = self.generation.prompt_index(output.request_id)
+        prompt = self.prompts[prompt_index]
+        if output.prompt_logprobs is not None:
+            self.prompt_logprobs[output.request_id] = output.prompt_logprobs
+        for delta in output.deltas:
+            index = prompt_index * self.generation.params.n + delta.index
+            if not self.echo or index in self.echoed:
+                yield index, delta, "", []
+                continue
+            self.echoed.add(index)
+            entries = self.prompt_logprobs.get(output.request_id) or [None] * len(prompt.ids)
+            yield index, delta, prompt.text, list(zip(prompt.ids, entries))
+
+
+class _LogprobsBuilder:
+    """The legacy completions logprobs object: tokens, their logprobs, top alternatives, text offsets."""
+
+    def __init__(self, ctx: ServerContext):
+        self.ctx = ctx
+        self.offset = 0  # in the choice's text so far
+        self.start_chunk()
+
+    def start_chunk(self) -> None:
+        self.tokens: list[str] = []
+        self.token_logprobs: list[float | None] = []
+        self.top_logprobs: list[dict[str, float] | None] = []
+        self.text_offset: list[int] = []
+
+    def extend(self, pairs: list[tuple[int, TokenLogprobs | None]]) -> None:
+        for token_id, entry in pairs:
+            text = self.ctx.token_text(token_id)
+            self.tokens.append(text)
+            self.text_offset.append(self.offset)
+            self.offset += len(text)
+            if entry is None:  # the first prompt token has nothing before it to be predicted from
+                self.token_logprobs.append(None)
+                self.top_logprobs.append(None)
+                continue
+            self.token_logprobs.append(clamp_logprob(entry.logprob))
+            # OpenAI always lists the chosen token among the alternatives.
+            top = {self.ctx.token_text(t): clamp_logprob(lp) for t, lp in zip(entry.top_ids, entry.top_logprobs)}
+            top.setdefault(text, clamp_logprob(entry.logprob))
+            self.top_logprobs.append(top)
+
+    def add_generated(self, entries: list[TokenLogprobs]) -> None:
+        self.extend([(entry.token_id, entry) for entry in entries])
+
+    def result(self) -> dict:
+        return {"tokens": self.tokens, "token_logprobs": self.token_logprobs, "top_logprobs": self.top_logprobs,
+                "text_offset": self.text_offset}

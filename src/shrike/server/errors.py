@@ -1,0 +1,96 @@
+"""Every failure leaves as an OpenAI-style body: {"error": {"message", "type", "param", "code"}}."""
+from __future__ import annotations
+
+import logging
+import re
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from shrike.engine.async_engine import EngineStepError, EngineStoppedError, QueueFullError
+
+logger = logging.getLogger(__name__)
+
+RETRY_AFTER_SECONDS = 1
+
+
+class APIError(Exception):
+    def __init__(self, message: str, status: int = 400, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.message, self.status, self.type, self.param, self.code = message, status, type, param, code
+        self.headers = headers
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def bad_request(message: str, param: str | None = None) -> APIError:
+    return APIError(message, 400, param=param)
+
+
+def from_engine_error(error: Exception, param_names: set[str] = frozenset(),
+                      prompt_param: str | None = None) -> APIError:
+    """Map what the engine (or sampling validation) raised to the client's view of it."""
+    if isinstance(error, QueueFullError):
+        return APIError(str(error), 503, "service_unavailable", code="queue_full",
+                        headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+    if isinstance(error, EngineStoppedError):
+        return APIError(str(error), 503, "service_unavailable", code="shutting_down")
+    if isinstance(error, EngineStepError):
+        # Not a 500: the server is healthy and the request may well succeed again.
+        return APIError(str(error), 503, "service_unavailable", code="engine_step_failed")
+    if isinstance(error, ValueError):
+        return bad_request(str(error), param_of(str(error), param_names, prompt_param))
+    raise error
+
+
+def param_of(message: str, param_names: set[str], prompt_param: str | None = None) -> str | None:
+    """Engine validation messages start with the parameter they are about, or with "the prompt"."""
+    if message.startswith("the prompt"):
+        return prompt_param
+    leading = re.match(r"[a-z_]+", message)
+    return leading.group() if leading and leading.group() in param_names else None
+
+
+def _validation_message(error: dict) -> tuple[str, str | None]:
+    loc = [str(part) for part in error.get("loc", ()) if part != "body"]
+    if error.get("type") == "json_invalid":
+        detail = (error.get("ctx") or {}).get("error", "")
+        return f"the request body is not valid JSON ({detail})", None
+    param = ".".join(loc) or None
+    message = error.get("msg", "invalid value")
+    if "input" in error and error.get("type") != "missing":
+        shown = repr(error["input"])
+        message += f", got {shown if len(shown) <= 80 else shown[:77] + '...'}"
+    return (f"{param}: {message}" if param else message), param
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, error: APIError) -> JSONResponse:
+        return error.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
+        errors = error.errors()
+        message, param = _validation_message(errors[0]) if errors else ("invalid request", None)
+        if len(errors) > 1:
+            message += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
+        return bad_request(message, param).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
+        kind = {404: "not_found_error", 405: "invalid_request_error"}.get(error.status_code, "invalid_request_error")
+        return APIError(str(error.detail), error.status_code, kind, headers=error.headers).response()
+
+    @app.exception_handler(Exception)
+    async def unexpected_error(request: Request, error: Exception) -> JSONResponse:
+        logger.exception("unexpected error serving %s %s", request.method, request.url.path)
+        return APIError(f"internal error ({type(error).__name__}); the server is still serving", 500,
+                        "server_error").response()

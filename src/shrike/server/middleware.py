@@ -1,0 +1,86 @@
+"""ASGI guards that run before any endpoint: API-key check and request-body limits."""
+from __future__ import annotations
+
+import hmac
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from shrike.server.errors import APIError
+
+MAX_BODY_BYTES = 8 << 20  # a full 128k-token prompt as JSON token ids is about 1 MiB
+
+
+class APIKeyMiddleware:
+    """`Authorization: Bearer KEY` on /v1/*; /health and the rest stay open (as in vLLM)."""
+
+    def __init__(self, app: ASGIApp, api_key: str):
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1"):
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            # Constant time: how much of a guess matched must not show in the response time.
+            if not hmac.compare_digest(given, self.expected):
+                error = APIError("missing or wrong API key: send `Authorization: Bearer <key>`", 401,
+                                 code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+                await error.response()(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class RequestBodyMiddleware:
+    """Reads the body up front: over MAX_BODY_BYTES is 413, JSON that is not UTF-8 is a clear 400.
+
+    The endpoint then receives the body in one piece and, after it, the client's disconnect.
+    """
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        declared = headers.get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+            await _too_large(scope, receive, send)
+            return
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                await _too_large(scope, receive, send)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        try:
+            body.decode("utf-8")
+        except UnicodeDecodeError as e:
+            await APIError(f"the request body is not valid UTF-8 (byte {e.start}); JSON bodies must be UTF-8",
+                           400).response()(scope, receive, send)
+            return
+
+        delivered = False
+
+        async def replay() -> Message:
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+async def _too_large(scope: Scope, receive: Receive, send: Send) -> None:
+    error = APIError(f"the request body is larger than {MAX_BODY_BYTES >> 20} MiB", 413, code="request_too_large",
+                     headers={"Connection": "close"})
+    await error.response()(scope, receive, send)

@@ -1,0 +1,101 @@
+"""Request bodies of the OpenAI-compatible API (and vLLM's extra sampling fields), as pydantic models.
+
+Fields this server cannot honour are still declared, so that a request using them gets a clear
+refusal instead of being silently ignored.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from shrike.sampling.params import MAX_LOGPROBS
+
+# torch.Generator seeds are 64-bit; the engine adds the choice index to the seed.
+SEED_RANGE = (-(2**63), 2**63 - 1 - 1024)
+
+
+class _Request(BaseModel):
+    # Clients send fields this server has no use for (user, metadata, store, ...): they are ignored.
+    model_config = ConfigDict(extra="ignore")
+
+
+class StreamOptions(_Request):
+    include_usage: bool = False
+
+
+class _SamplingRequest(_Request):
+    model: str | None = None
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = Field(default=None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    # vLLM's extra sampling parameters
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int = 0
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+
+
+class CompletionRequest(_SamplingRequest):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = None
+    echo: bool = False
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    suffix: str | None = None
+    best_of: int | None = None
+
+
+class TextContentPart(_Request):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(_Request):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+
+
+class ResponseFormat(_Request):
+    type: Literal["text", "json_object", "json_schema"]
+
+
+class ChatCompletionRequest(_SamplingRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    response_format: ResponseFormat | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    add_generation_prompt: bool = True
+
+
+class TokenizeRequest(_Request):
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class DetokenizeRequest(_Request):
+    model: str | None = None
+    tokens: list[int]

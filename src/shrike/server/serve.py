@@ -1,0 +1,97 @@
+"""`shrike serve`: load the model, listen, serve until SIGTERM or SIGINT, exit 0."""
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import socket
+from pathlib import Path
+
+import uvicorn
+
+from shrike import __version__, _C
+from shrike.default_model import DEFAULT_GGUF_FILE
+from shrike.engine.async_engine import AsyncEngine
+from shrike.engine.llm_engine import EngineConfig, LLMEngine
+from shrike.errors import ConfigError
+from shrike.server.app import build_app
+from shrike.server.context import ServerContext
+from shrike.server.metrics import ServerMetrics
+from shrike.server.sampling import SamplingDefaults
+
+logger = logging.getLogger("shrike.server")
+
+# In-flight requests get this long to finish after SIGTERM/SIGINT; then they are cancelled.
+GRACEFUL_SHUTDOWN_SECONDS = 10
+
+
+class _Server(uvicorn.Server):
+    def handle_exit(self, sig: int, frame) -> None:
+        if not self.should_exit:
+            logger.info("received %s: no new connections; in-flight requests get up to %d s to finish",
+                        signal.Signals(sig).name, GRACEFUL_SHUTDOWN_SECONDS)
+        super().handle_exit(sig, frame)
+
+
+def serve_main(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # uvicorn's own start-up chatter would bury the one line that matters; its warnings still show.
+    logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
+    _check_chat_template_flag(args.chat_template)
+    listener = _listen(args.host, args.port)
+    engine = LLMEngine(EngineConfig(
+        model=args.model, dtype=args.dtype, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_space_gib=args.kv_cache_space,
+        chat_template=args.chat_template))
+    defaults = SamplingDefaults.for_model(engine.model_dir, args.generation_config)
+    names = args.served_model_name or [args.model or DEFAULT_GGUF_FILE.split(".")[0]]
+    metrics = ServerMetrics(names[0], lambda: async_engine.load)
+    async_engine = AsyncEngine(engine, args.max_queue_len, metrics)
+    ctx = ServerContext(async_engine=async_engine, tokenizer=engine.tokenizer, served_model_names=names,
+                        model_root=str(args.model or engine.model_dir), max_model_len=engine.max_model_len,
+                        vocab_size=engine.model_config.vocab_size, max_num_seqs=args.max_num_seqs,
+                        defaults=defaults, metrics=metrics, api_key=args.api_key)
+    host, port = listener.getsockname()[:2]
+    app = build_app(ctx, log_stats=not args.disable_log_stats,
+                    startup_message=_startup_line(ctx, engine, host, port, args.generation_config))
+    server = _Server(uvicorn.Config(app, log_config=None, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS))
+    # uvicorn re-raises the signal it stopped for once it has put back the previous handlers;
+    # a requested stop is a success, so those handlers let it pass and we exit 0.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda signum, frame: None)
+    server.run(sockets=[listener])
+    logger.info("stopped")
+    return 0
+
+
+def _check_chat_template_flag(template: str | None) -> None:
+    if template is None or Path(template).is_file() or "{{" in template or "{%" in template:
+        return
+    raise ConfigError(f"--chat-template {template!r} is neither a file nor a Jinja template")
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """Bind before the (slow) model load, so a taken port fails at once."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        listener = socket.socket(family, kind, proto)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(address)
+    except OSError as e:
+        raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror or e}; choose another --host or --port") \
+            from None
+    listener.set_inheritable(True)
+    return listener
+
+
+def _startup_line(ctx: ServerContext, engine: LLMEngine, host: str, port: int, generation_config: str) -> str:
+    plan = engine.kv_plan
+    shown_host = f"[{host}]" if ":" in host else host
+    return (f"Shrike {__version__} serving {ctx.model_name!r} at http://{shown_host}:{port}/v1 - "
+            f"weights {engine.model_dir}, dtype {str(engine.dtype).removeprefix('torch.')}, "
+            f"kernels {_C.active_isa()}, max-model-len {engine.max_model_len}, "
+            f"KV cache {plan.capacity_tokens} tokens in {plan.cache_bytes / (1 << 30):.2f} GiB ({plan.reason}; "
+            f"{plan.max_concurrent_full_sequences} full-length sequences), "
+            f"max-num-seqs {ctx.max_num_seqs}, queue {ctx.async_engine.capacity - ctx.max_num_seqs}, "
+            f"API key {'required' if ctx.api_key else 'off'}, "
+            f"sampling defaults ({generation_config}) {ctx.defaults.describe()}")
