@@ -1,0 +1,138 @@
+"""`shrike serve` as a process: start-up line, bad flags, taken ports, SIGTERM/SIGINT exit 0.
+
+Also home of `running_server`, which the other test_server_* modules use to start their server.
+"""
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+STARTUP_TIMEOUT_SECONDS = 180  # a cold start converts the default model first
+SERVED_NAME = "shrike-test"
+
+
+@dataclass
+class Server:
+    process: subprocess.Popen
+    base_url: str
+    log_path: Path
+
+    @property
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve_command(*flags: str) -> list[str]:
+    return [sys.executable, "-m", "shrike.cli", "serve", *flags]
+
+
+@contextlib.contextmanager
+def running_server(model_dir: Path, log_path: Path, *flags: str) -> Iterator[Server]:
+    """A real `shrike serve` on a free port, small enough to share the machine; stopped at the end."""
+    port = free_port()
+    command = serve_command(str(model_dir), "--port", str(port), "--served-model-name", SERVED_NAME,
+                            "--max-model-len", "2048", "--kv-cache-space", "0.5", "--disable-log-stats", *flags)
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    server = Server(process, f"http://127.0.0.1:{port}", log_path)
+    try:
+        _wait_healthy(server)
+        yield server
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def _wait_healthy(server: Server) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            pytest.fail(f"shrike serve exited with {server.process.returncode} during start-up:\n{server.log}")
+        try:
+            if httpx.get(f"{server.base_url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.3)
+    pytest.fail(f"shrike serve was not healthy within {STARTUP_TIMEOUT_SECONDS} s:\n{server.log}")
+
+
+def test_startup_line_and_sigterm_during_a_stream_exits_zero(default_model_dir, tmp_path):
+    with running_server(default_model_dir, tmp_path / "server.log") as server:
+        startup = [line for line in server.log.splitlines() if "serving" in line]
+        assert len(startup) == 1
+        for part in (f"'{SERVED_NAME}'", server.base_url, "dtype bfloat16", "kernels ", "KV cache ",
+                     "--kv-cache-space 0.5 GiB"):
+            assert part in startup[0]
+        body = {"model": SERVED_NAME, "prompt": "Once upon a time", "max_tokens": 12, "temperature": 0,
+                "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", f"{server.base_url}/v1/completions", json=body, timeout=60) as response:
+            lines = response.iter_lines()
+            first = next(line for line in lines if line.startswith("data: "))
+            server.process.send_signal(signal.SIGTERM)
+            rest = [line for line in lines if line.startswith("data: ")]
+        # The request in flight is finished, not cut off, before the server exits.
+        assert '"finish_reason": "length"' in rest[-2]
+        assert rest[-1] == "data: [DONE]"
+        assert first
+        assert server.process.wait(timeout=30) == 0
+        with pytest.raises(httpx.TransportError):
+            httpx.get(f"{server.base_url}/health", timeout=2)
+
+
+def test_sigint_when_idle_exits_zero(default_model_dir, tmp_path):
+    with running_server(default_model_dir, tmp_path / "server.log") as server:
+        server.process.send_signal(signal.SIGINT)
+        assert server.process.wait(timeout=30) == 0
+        assert "Traceback" not in server.log
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["--port", "http"], "argument --port: 'http' is not a whole number"),
+    (["--port", "70000"], "argument --port: 70000 is not a TCP port"),
+    (["--max-num-seqs", "0"], "argument --max-num-seqs: 0 is below the minimum of 1"),
+    (["--kv-cache-space", "-1"], "argument --kv-cache-space: -1 must be a number above 0"),
+    (["--generation-config", "hf"], "argument --generation-config: invalid choice: 'hf'"),
+    (["--dtype", "float8"], "argument --dtype: invalid choice: 'float8'"),
+    (["--chat-template", "no/such/template.jinja"], "is neither a file nor a Jinja template"),
+])
+def test_bad_flag_value_is_one_line(flags, expected):
+    result = subprocess.run(serve_command(*flags), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("shrike serve: error: ")
+    assert expected in lines[0]
+
+
+def test_taken_port_is_one_line():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(serve_command("--port", str(port)), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"shrike serve: error: cannot listen on 127.0.0.1:{port}: Address already in use; "
+        "choose another --host or --port"]
