@@ -58,17 +58,46 @@ def param_of(message: str, param_names: set[str], prompt_param: str | None = Non
     return leading.group() if leading and leading.group() in param_names else None
 
 
-def _validation_message(error: dict) -> tuple[str, str | None]:
-    loc = [str(part) for part in error.get("loc", ()) if part != "body"]
-    if error.get("type") == "json_invalid":
-        detail = (error.get("ctx") or {}).get("error", "")
+def _split_loc(loc: tuple) -> tuple[str | None, str | None]:
+    """('body', 'prompt', 'list[int]', 1) -> ('prompt', 'list[int]'): the field, and which form of a union failed."""
+    parts: list[str] = []
+    for part in loc:
+        text = str(part)
+        if part == "body" and not parts:
+            continue
+        # pydantic names the alternative of a union it tried: a type, a model class or a validator
+        if isinstance(part, str) and (not text.isidentifier() or text[0].isupper() or text in _TYPE_NAMES):
+            return ".".join(parts) or None, text
+        parts.append(text)
+    return ".".join(parts) or None, None
+
+
+_TYPE_NAMES = {"str", "int", "float", "bool", "dict", "list", "none"}
+
+
+def _validation_message(errors: list[dict]) -> tuple[str, str | None]:
+    first = errors[0]
+    if first.get("type") == "json_invalid":
+        detail = (first.get("ctx") or {}).get("error", "")
         return f"the request body is not valid JSON ({detail})", None
-    param = ".".join(loc) or None
-    message = error.get("msg", "invalid value")
-    if "input" in error and error.get("type") != "missing":
-        shown = repr(error["input"])
-        message += f", got {shown if len(shown) <= 80 else shown[:77] + '...'}"
+    param, alternative = _split_loc(first.get("loc", ()))
+    same_field = [e for e in errors if _split_loc(e.get("loc", ()))[0] == param]
+    alternatives = list(dict.fromkeys(a for a in (_split_loc(e.get("loc", ()))[1] for e in same_field) if a))
+    if alternative is not None and len(alternatives) > 1:
+        message = f"{_shown(first.get('input'))} matches none of the accepted forms ({', '.join(alternatives)})"
+    else:
+        message = first.get("msg", "invalid value")
+        if "input" in first and first.get("type") != "missing":
+            message += f", got {_shown(first['input'])}"
+    others = len(errors) - len(same_field)
+    if others:
+        message += f" (and {others} more problem{'s' if others > 1 else ''})"
     return (f"{param}: {message}" if param else message), param
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -78,10 +107,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
-        errors = error.errors()
-        message, param = _validation_message(errors[0]) if errors else ("invalid request", None)
-        if len(errors) > 1:
-            message += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
+        errors = list(error.errors())
+        message, param = _validation_message(errors) if errors else ("invalid request", None)
         return bad_request(message, param).response()
 
     @app.exception_handler(StarletteHTTPException)
