@@ -1,6 +1,7 @@
 """The engine: requests in, incremental outputs out, one scheduled model step at a time."""
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass, field
 
@@ -29,6 +30,7 @@ class EngineConfig:
     kv_cache_space_gib: float | None = None  # None: sized from free memory
     chat_template: str | None = None
     progress: bool = True
+    kernel_backend: str = "auto"  # auto: the compiled kernel core; reference: the PyTorch reference (tests)
 
 
 @dataclass
@@ -71,7 +73,7 @@ class LLMEngine:
     def __init__(self, config: EngineConfig):
         self.config = config
         loaded: LoadedModel = load_model(config.model, config.dtype, config.max_model_len, config.chat_template,
-                                         progress=config.progress)
+                                         progress=config.progress, kernel_backend=config.kernel_backend)
         self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer
         self.dtype = loaded.dtype
@@ -108,7 +110,7 @@ class LLMEngine:
         seqs = [Sequence(request_id, i, prompt_ids, params, self.eos_ids) for i in range(params.n)]
         self.requests[request_id] = _Request(
             request_id, list(prompt_ids), params, seqs,
-            [IncrementalDecoder(self.tokenizer, prompt_ids, params.skip_special_tokens) for _ in seqs],
+            [IncrementalDecoder(self.tokenizer, params.skip_special_tokens) for _ in seqs],
             [StopStringFilter(params.stop) for _ in seqs], [0] * len(seqs))
         for seq in seqs:
             self.scheduler.add(seq)
@@ -157,8 +159,11 @@ class LLMEngine:
         for seq in seqs:
             token = seq.output_ids[-1]
             reason = self._finish_reason(seq, token)
-            is_stop_token = reason == "stop"
-            text = "" if is_stop_token else request.decoders[seq.index].push(token)
+            decoder = request.decoders[seq.index]
+            # A stop or EOS token ends the text without being part of it.
+            text = "" if reason == "stop" else decoder.push(token)
+            if reason is not None:
+                text += decoder.flush()
             text, hit_stop_string = request.stop_filters[seq.index].push(text)
             if hit_stop_string:
                 reason = "stop"
@@ -179,3 +184,37 @@ class LLMEngine:
             del self.requests[request.request_id]
         return RequestOutput(request.request_id, deltas, finished, len(request.prompt_ids),
                              sum(len(s.output_ids) for s in request.seqs), prompt_logprobs, request.first_token_time)
+
+    # Offline use --------------------------------------------------------------------------
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[list[FinishedSequence]]:
+        """Run prompts together to completion -> per prompt, its n finished sequences."""
+        params_list = params if isinstance(params, list) else [params] * len(prompts)
+        ids = [f"offline-{next(_offline_ids)}" for _ in prompts]
+        results: dict[str, list[FinishedSequence]] = {}
+        for rid, prompt, p in zip(ids, prompts, params_list):
+            self.add_request(rid, prompt, p)
+            results[rid] = [FinishedSequence() for _ in range(p.n)]
+        while any(rid in self.requests for rid in ids):
+            for out in self.step():
+                for delta in out.deltas:
+                    done = results[out.request_id][delta.index]
+                    done.token_ids += delta.token_ids
+                    done.text += delta.text
+                    done.logprobs += delta.logprobs
+                    done.finish_reason = delta.finish_reason
+                if out.prompt_logprobs is not None:
+                    results[out.request_id][0].prompt_logprobs = out.prompt_logprobs
+        return [results[rid] for rid in ids]
+
+
+@dataclass
+class FinishedSequence:
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    finish_reason: str | None = None
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
+
+
+_offline_ids = itertools.count()
