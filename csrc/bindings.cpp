@@ -64,5 +64,6 @@ NB_MODULE(_C, m) {
     return d;
   });
   bind_linear(m);
+  bind_attention(m);
   m.def("rmsnorm", &rmsnorm, nb::arg("x"), nb::arg("weight"), nb::arg("out"), nb::arg("eps"));
 }

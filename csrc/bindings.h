@@ -3,3 +3,4 @@
 #include <nanobind/nanobind.h>
 
 void bind_linear(nanobind::module_& m);
+void bind_attention(nanobind::module_& m);

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -25,3 +26,14 @@ class BatchContext:
     @property
     def num_tokens(self) -> int:
         return int(self.positions.shape[0])
+
+    @cached_property
+    def kernel_args(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(block_tables (B, max_blocks), query_start (B+1,), context_lens (B,)) as int32 for the
+        attention kernel; built once per step and shared by every layer."""
+        width = max((len(t) for t in self.block_tables), default=0) or 1
+        padded = [t + [0] * (width - len(t)) for t in self.block_tables]
+        tables = torch.tensor(padded, dtype=torch.int32).reshape(-1, width)
+        query_start = torch.zeros(len(self.query_lens) + 1, dtype=torch.int32)
+        query_start[1:] = torch.tensor(self.query_lens, dtype=torch.int32).cumsum(0)
+        return tables, query_start, torch.tensor(self.context_lens, dtype=torch.int32)

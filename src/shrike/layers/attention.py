@@ -1,10 +1,13 @@
-"""Causal self-attention over a paged KV cache (reference path in PyTorch)."""
+"""Causal self-attention over a paged KV cache (C++ kernel, with a PyTorch reference path)."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+from shrike import _C
 from shrike.engine.batch import BatchContext
+
+_KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 
 
 class KVCache:
@@ -29,6 +32,18 @@ def _sequence_slots(block_table: list[int], block_size: int, length: int) -> tor
 
 def paged_attention(q: torch.Tensor, cache: KVCache, ctx: BatchContext, scale: float) -> torch.Tensor:
     """q: (T, heads, head_dim) -> (T, heads, head_dim). The new tokens' K/V are already in `cache`."""
+    if q.dtype in _KERNEL_DTYPES and cache.key.dtype in _KERNEL_DTYPES:
+        q = q.contiguous()
+        out = torch.empty_like(q)
+        block_tables, query_start, context_lens = ctx.kernel_args
+        _C.paged_attention(q, cache.key, cache.value, block_tables, query_start, context_lens, ctx.block_size,
+                           scale, out)
+        return out
+    return paged_attention_reference(q, cache, ctx, scale)
+
+
+def paged_attention_reference(q: torch.Tensor, cache: KVCache, ctx: BatchContext, scale: float) -> torch.Tensor:
+    """PyTorch version of `paged_attention`, for tests and for what the kernel does not take."""
     out = torch.empty_like(q)
     start = 0
     for q_len, ctx_len, table in zip(ctx.query_lens, ctx.context_lens, ctx.block_tables):

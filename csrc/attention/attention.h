@@ -1,0 +1,55 @@
+// Causal attention of new query tokens over a paged KV cache (decode, prefill and chunked
+// prefill in one op), with an online softmax: every query row keeps a running max and sum
+// while it walks over key tiles, so no score matrix is ever materialised.
+//
+// Sequence b owns query rows [query_start[b], query_start[b+1]) and, after this step, holds
+// context_lens[b] tokens in the cache. Its new tokens sit at the last positions, so query j of
+// the sequence sees keys 0 .. context_len - query_len + j. Position p of the sequence lives in
+// cache slot block_tables[b][p / block_size] * block_size + p % block_size.
+// GQA: query head h reads KV head h / (num_heads / num_kv_heads).
+#pragma once
+#include <cstdint>
+
+#include "common/dtype.h"
+
+namespace shrike {
+
+struct PagedAttentionArgs {
+  const void* q;            // (T, num_heads, head_dim), q_dtype
+  const void* key_cache;    // (slots, num_kv_heads, head_dim), cache_dtype
+  const void* value_cache;  // (slots, num_kv_heads, head_dim), cache_dtype
+  void* out;                // (T, num_heads, head_dim), q_dtype
+  const int32_t* block_tables;  // (num_seqs, max_blocks)
+  const int32_t* query_start;   // (num_seqs + 1,)
+  const int32_t* context_lens;  // (num_seqs,)
+  int64_t num_seqs, max_blocks, num_heads, num_kv_heads, head_dim, block_size;
+  float scale;
+  DType q_dtype, cache_dtype;
+};
+
+// Arguments are trusted (the bindings check them).
+void paged_attention(const PagedAttentionArgs& args);
+
+// One unit of parallel work: `q_count` consecutive new tokens of one sequence, starting at
+// its `q_begin`-th new token, times the query heads of one KV head.
+struct AttentionWorkItem {
+  int64_t seq, kv_head, q_begin, q_count;
+};
+
+// Keys handled per online-softmax step; a tile never crosses a cache block.
+constexpr int64_t kAttentionTileKeys = 32;
+
+// Floats of per-thread scratch a work item of `rows` query rows needs (layout in attention_tiles.h).
+constexpr int64_t attention_scratch_floats(int64_t rows, int64_t head_dim) {
+  return rows * (2 * head_dim + kAttentionTileKeys + 2) + 2 * kAttentionTileKeys * head_dim;
+}
+
+// Per-variant work item kernels. avx2 needs head_dim % 8 == 0, dotprod (plain NEON) % 4 == 0.
+#define SHRIKE_DECLARE_ATTEND \
+  void attend(const PagedAttentionArgs& args, const AttentionWorkItem& item, float* scratch);
+namespace ref { SHRIKE_DECLARE_ATTEND }
+namespace avx2 { SHRIKE_DECLARE_ATTEND }
+namespace dotprod { SHRIKE_DECLARE_ATTEND }
+#undef SHRIKE_DECLARE_ATTEND
+
+}  // namespace shrike

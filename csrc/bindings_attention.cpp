@@ -1,0 +1,114 @@
+// Bindings for paged attention. Every argument, including every block id a sequence uses, is
+// checked here, so a wrong tensor raises instead of reading outside the cache.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+
+#include <cstdint>
+#include <string>
+
+#include "attention/attention.h"
+#include "bindings.h"
+
+namespace nb = nanobind;
+using Array = nb::ndarray<nb::device::cpu>;
+
+namespace {
+
+[[noreturn]] void fail(const std::string& message) { throw nb::value_error(("paged_attention: " + message).c_str()); }
+
+std::string shape_text(const Array& a) {
+  std::string s = "(";
+  for (size_t i = 0; i < a.ndim(); ++i) s += (i ? ", " : "") + std::to_string(a.shape(i));
+  return s + (a.ndim() == 1 ? ",)" : ")");
+}
+
+bool contiguous(const Array& a) {
+  int64_t expected = 1;
+  for (size_t i = a.ndim(); i-- > 0;) {
+    if (a.shape(i) != 1 && a.stride(i) != expected) return false;
+    expected *= static_cast<int64_t>(a.shape(i));
+  }
+  return true;
+}
+
+int64_t dim(const Array& a, size_t i) { return static_cast<int64_t>(a.shape(i)); }
+
+shrike::DType float_dtype(const Array& a, const char* name) {
+  nb::dlpack::dtype dt = a.dtype();
+  if (dt == nb::dtype<float>()) return shrike::DType::f32;
+  if (dt.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat) && dt.bits == 16 && dt.lanes == 1)
+    return shrike::DType::bf16;
+  throw nb::type_error((std::string("paged_attention: ") + name + " must be float32 or bfloat16").c_str());
+}
+
+// Contiguous with exactly `ndim` dimensions.
+void expect_layout(const Array& a, const char* name, size_t ndim) {
+  if (a.ndim() != ndim) fail(std::string(name) + " must be " + std::to_string(ndim) + "-D, got shape " + shape_text(a));
+  if (!contiguous(a)) fail(std::string(name) + " must be contiguous");
+}
+
+const int32_t* int32_data(const Array& a, const char* name, size_t ndim) {
+  if (a.dtype() != nb::dtype<int32_t>()) throw nb::type_error((std::string("paged_attention: ") + name + " must be int32").c_str());
+  expect_layout(a, name, ndim);
+  return static_cast<const int32_t*>(a.data());
+}
+
+void paged_attention(const Array& q, const Array& key_cache, const Array& value_cache, const Array& block_tables,
+                     const Array& query_start, const Array& context_lens, int64_t block_size, float scale, Array& out) {
+  shrike::PagedAttentionArgs a{};
+  a.q_dtype = float_dtype(q, "q");
+  a.cache_dtype = float_dtype(key_cache, "key_cache");
+  if (float_dtype(value_cache, "value_cache") != a.cache_dtype) fail("key_cache and value_cache must share one dtype");
+  if (float_dtype(out, "out") != a.q_dtype) fail("out must have q's dtype");
+  expect_layout(q, "q", 3);
+  expect_layout(key_cache, "key_cache", 3);
+  expect_layout(value_cache, "value_cache", 3);
+  expect_layout(out, "out", 3);
+  const int64_t tokens = dim(q, 0), slots = dim(key_cache, 0);
+  a.num_heads = dim(q, 1), a.head_dim = dim(q, 2), a.num_kv_heads = dim(key_cache, 1);
+  for (size_t i = 0; i < 3; ++i) {
+    if (value_cache.shape(i) != key_cache.shape(i)) fail("value_cache shape " + shape_text(value_cache) + " != key_cache shape " + shape_text(key_cache));
+    if (out.shape(i) != q.shape(i)) fail("out shape " + shape_text(out) + " != q shape " + shape_text(q));
+  }
+  if (dim(key_cache, 2) != a.head_dim) fail("cache head_dim " + std::to_string(dim(key_cache, 2)) + " != q head_dim " + std::to_string(a.head_dim));
+  if (a.num_kv_heads < 1 || a.num_heads % a.num_kv_heads)
+    fail("q heads (" + std::to_string(a.num_heads) + ") must be a multiple of the KV heads (" + std::to_string(a.num_kv_heads) + ")");
+  if (a.head_dim < 1) fail("head_dim must be positive");
+  if (block_size < 1) fail("block_size must be positive");
+
+  a.block_tables = int32_data(block_tables, "block_tables", 2);
+  a.context_lens = int32_data(context_lens, "context_lens", 1);
+  a.query_start = int32_data(query_start, "query_start", 1);
+  a.num_seqs = dim(context_lens, 0), a.max_blocks = dim(block_tables, 1);
+  if (dim(block_tables, 0) != a.num_seqs || dim(query_start, 0) != a.num_seqs + 1)
+    fail("block_tables " + shape_text(block_tables) + ", query_start " + shape_text(query_start) + " and context_lens " +
+         shape_text(context_lens) + " disagree on the number of sequences");
+  if (a.query_start[0] != 0 || a.query_start[a.num_seqs] != tokens) fail("query_start must run from 0 to q.shape[0]");
+  const int64_t cache_blocks = slots / block_size;
+  for (int64_t b = 0; b < a.num_seqs; ++b) {
+    const int64_t q_len = a.query_start[b + 1] - a.query_start[b], ctx = a.context_lens[b];
+    if (q_len < 0 || q_len > ctx)
+      fail("sequence " + std::to_string(b) + " has " + std::to_string(q_len) + " new tokens but context length " + std::to_string(ctx));
+    const int64_t used = (ctx + block_size - 1) / block_size;
+    if (used > a.max_blocks) fail("sequence " + std::to_string(b) + " needs " + std::to_string(used) + " blocks, block_tables has " + std::to_string(a.max_blocks));
+    for (int64_t i = 0; i < used; ++i) {
+      const int32_t block = a.block_tables[b * a.max_blocks + i];
+      if (block < 0 || block >= cache_blocks)
+        fail("sequence " + std::to_string(b) + " uses block " + std::to_string(block) + ", the cache has " + std::to_string(cache_blocks));
+    }
+  }
+  a.q = q.data(), a.key_cache = key_cache.data(), a.value_cache = value_cache.data(), a.out = out.data();
+  a.block_size = block_size, a.scale = scale;
+  nb::gil_scoped_release release;
+  shrike::paged_attention(a);
+}
+
+}  // namespace
+
+void bind_attention(nb::module_& m) {
+  m.def("paged_attention", &paged_attention, nb::arg("q"), nb::arg("key_cache"), nb::arg("value_cache"),
+        nb::arg("block_tables"), nb::arg("query_start"), nb::arg("context_lens"), nb::arg("block_size"), nb::arg("scale"),
+        nb::arg("out"),
+        "Causal attention of q (T, H, D) over a paged KV cache (S, Hkv, D), written to out (T, H, D); "
+        "see csrc/attention/attention.h.");
+}
