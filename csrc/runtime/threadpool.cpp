@@ -28,7 +28,7 @@ class Pool {
  public:
   explicit Pool(int n, const std::vector<int>& cpus) : n_threads_(n < 1 ? 1 : n) {
     for (int i = 1; i < n_threads_; ++i) {
-      workers_.emplace_back([this] { work(); });
+      workers_.emplace_back([this] { work(0); });
       if (!cpus.empty()) {
         cpu_set_t set;
         CPU_ZERO(&set);
@@ -78,8 +78,9 @@ class Pool {
     for (int64_t t; (t = next_.fetch_add(1, std::memory_order_relaxed)) < n_tasks_;) fn_(ctx_, t);
   }
 
-  void work() {
-    uint64_t seen = generation_.load();
+  // `seen` starts at the constructor's generation (0): reading it in the new thread could
+  // already see the first job's generation and miss that job.
+  void work(uint64_t seen) {
     for (;;) {
       auto until = std::chrono::steady_clock::now() + kSpin;
       int spins = 0;

@@ -1,0 +1,95 @@
+#include <arm_sve.h>
+
+#include "linear/epilogue_sve2.h"
+#include "linear/layout.h"
+#include "linear/linear.h"
+
+namespace shrike::sve2 {
+
+namespace {
+// SVE vectors cannot live in arrays, so the up to four rows of a block are spelled out as
+// variables 0..3 and rows past MR compile away.
+#define SHRIKE_EACH_ROW(X) X(0) X(1) X(2) X(3)
+
+// MR rows x columns [hR, hR + R) of tile t over all of K. sdot multiplies the stored w + 8
+// (0..15, a valid int8) by q directly; the +8 is removed per group.
+template <int MR>
+void rows_x_pass(const W4A8Problem& p, int64_t i0, int64_t t, int64_t h, int64_t per_pass) {
+  const int64_t groups = p.k / p.group;
+  const uint8_t* w = p.packed + t * w4a8_tile_bytes(p.k, p.group);
+  const svbool_t all = svptrue_b8();
+  const svbool_t bytes = svwhilelt_b8(int64_t{0}, 4 * per_pass);
+  const svbool_t lanes = svwhilelt_b32(int64_t{0}, per_pass);
+  const int8_t* q[4];
+  for (int r = 0; r < 4; ++r) q[r] = p.q + (i0 + (r < MR ? r : 0)) * p.k;
+#define SHRIKE_DECLARE(r) svfloat32_t acc##r = svdup_n_f32(0.f);
+  SHRIKE_EACH_ROW(SHRIKE_DECLARE)
+#undef SHRIKE_DECLARE
+  for (int64_t g = 0; g < groups; ++g) {
+#define SHRIKE_DECLARE(r) svint32_t isum##r = svdup_n_s32(0);
+    SHRIKE_EACH_ROW(SHRIKE_DECLARE)
+#undef SHRIKE_DECLARE
+    for (int64_t kb = g * p.group; kb < (g + 1) * p.group; kb += 16, w += 64) {
+      svuint8_t v0 = svld1_u8(bytes, w + 4 * per_pass * h), v1 = svld1_u8(bytes, w + 32 + 4 * per_pass * h);
+      svint8_t lo0 = svreinterpret_s8_u8(svand_n_u8_x(bytes, v0, 0x0f));
+      svint8_t hi0 = svreinterpret_s8_u8(svlsr_n_u8_x(bytes, v0, 4));
+      svint8_t lo1 = svreinterpret_s8_u8(svand_n_u8_x(bytes, v1, 0x0f));
+      svint8_t hi1 = svreinterpret_s8_u8(svlsr_n_u8_x(bytes, v1, 4));
+      // Each 128-bit segment of a gets q[kb .. kb + 16): 32-bit lanes = K 0-3, 4-7 (step 0), 8-11, 12-15.
+#define SHRIKE_DOT(r)                                 \
+  if constexpr (MR > r) {                             \
+    svint8_t a = svld1rq_s8(all, q[r] + kb);          \
+    isum##r = svdot_lane_s32(isum##r, lo0, a, 0);     \
+    isum##r = svdot_lane_s32(isum##r, hi0, a, 1);     \
+    isum##r = svdot_lane_s32(isum##r, lo1, a, 2);     \
+    isum##r = svdot_lane_s32(isum##r, hi1, a, 3);     \
+  }
+      SHRIKE_EACH_ROW(SHRIKE_DOT)
+#undef SHRIKE_DOT
+    }
+    svfloat32_t scale = svld1_f32(lanes, reinterpret_cast<const float*>(w) + per_pass * h);
+    svint32_t wsum = svld1sh_s32(lanes, reinterpret_cast<const int16_t*>(w + 32) + per_pass * h);
+    w += 48;
+    // isum holds sum((w + 8) * q); the exact sum((q - zero) * w) is that minus 8 * sum(q) - zero * sum(w).
+#define SHRIKE_GROUP(r)                                                                               \
+  if constexpr (MR > r) {                                                                             \
+    int64_t i = i0 + r;                                                                               \
+    svint32_t correction = svmla_n_s32_x(lanes, svdup_n_s32(8 * p.x_group_sum[i * groups + g]), wsum, \
+                                         p.x_zero[i]);                                                \
+    acc##r = svmla_f32_x(lanes, acc##r, svcvt_f32_s32_x(lanes, svsub_s32_x(lanes, isum##r, correction)), scale); \
+  }
+    SHRIKE_EACH_ROW(SHRIKE_GROUP)
+#undef SHRIKE_GROUP
+  }
+  svbool_t valid = valid_columns(p.n, t, h, per_pass);
+  int64_t col = t * kTileRows + h * per_pass;
+  svfloat32_t bias = load_bias(p.bias, col, valid);
+#define SHRIKE_STORE(r)                                                            \
+  if constexpr (MR > r) {                                                          \
+    svfloat32_t y = svmla_n_f32_x(lanes, bias, acc##r, p.x_scale[i0 + r]);         \
+    store(p.out, p.out_dtype, (i0 + r) * p.n + col, y, valid);                     \
+  }
+  SHRIKE_EACH_ROW(SHRIKE_STORE)
+#undef SHRIKE_STORE
+}
+#undef SHRIKE_EACH_ROW
+
+template <int MR>
+void rows_x_tiles(const W4A8Problem& p, int64_t i0, int64_t t0, int64_t t1) {
+  const int64_t per_pass = columns_per_pass();
+  for (int64_t t = t0; t < t1; ++t)
+    for (int64_t h = 0; h < kTileRows / per_pass; ++h) rows_x_pass<MR>(p, i0, t, h, per_pass);
+}
+}  // namespace
+
+void w4a8_tiles(const W4A8Problem& p, int64_t tile_begin, int64_t tile_end) {
+  int64_t i = 0;
+  for (; i + 4 <= p.m; i += 4) rows_x_tiles<4>(p, i, tile_begin, tile_end);
+  switch (p.m - i) {
+    case 3: return rows_x_tiles<3>(p, i, tile_begin, tile_end);
+    case 2: return rows_x_tiles<2>(p, i, tile_begin, tile_end);
+    case 1: return rows_x_tiles<1>(p, i, tile_begin, tile_end);
+  }
+}
+
+}  // namespace shrike::sve2

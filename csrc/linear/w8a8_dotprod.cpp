@@ -1,0 +1,60 @@
+#include <arm_neon.h>
+
+#include "linear/epilogue_neon.h"
+#include "linear/layout.h"
+#include "linear/linear.h"
+
+namespace shrike::dotprod {
+
+namespace {
+template <int MR>
+void rows_x_tile(const W8A8Problem& p, int64_t i0, int64_t t) {
+  const int8_t* w = reinterpret_cast<const int8_t*>(p.packed + t * w8a8_tile_bytes(p.k));
+  int32x4_t isum[MR][2];
+  for (int r = 0; r < MR; ++r) isum[r][0] = isum[r][1] = vdupq_n_s32(0);
+  for (int64_t k = 0; k < p.k; k += 16, w += 128) {
+    // Four K steps of 4: (step, rows 0-3 | rows 4-7) x 16 bytes.
+    int8x16_t s0a = vld1q_s8(w), s0b = vld1q_s8(w + 16), s1a = vld1q_s8(w + 32), s1b = vld1q_s8(w + 48);
+    int8x16_t s2a = vld1q_s8(w + 64), s2b = vld1q_s8(w + 80), s3a = vld1q_s8(w + 96), s3b = vld1q_s8(w + 112);
+    for (int r = 0; r < MR; ++r) {
+      int8x16_t a = vld1q_s8(p.q + (i0 + r) * p.k + k);
+      isum[r][0] = vdotq_laneq_s32(isum[r][0], s0a, a, 0);
+      isum[r][1] = vdotq_laneq_s32(isum[r][1], s0b, a, 0);
+      isum[r][0] = vdotq_laneq_s32(isum[r][0], s1a, a, 1);
+      isum[r][1] = vdotq_laneq_s32(isum[r][1], s1b, a, 1);
+      isum[r][0] = vdotq_laneq_s32(isum[r][0], s2a, a, 2);
+      isum[r][1] = vdotq_laneq_s32(isum[r][1], s2b, a, 2);
+      isum[r][0] = vdotq_laneq_s32(isum[r][0], s3a, a, 3);
+      isum[r][1] = vdotq_laneq_s32(isum[r][1], s3b, a, 3);
+    }
+  }
+  const float* scale = reinterpret_cast<const float*>(w);
+  int valid = neon::tile_valid(p.n, t);
+  for (int h = 0; h < 2; ++h) {
+    int hv = neon::half_valid(valid, h);
+    float32x4_t bias = neon::load_bias(p.bias, t * kTileRows + 4 * h, hv);
+    for (int r = 0; r < MR; ++r) {
+      float32x4_t combined = vmulq_n_f32(vld1q_f32(scale + 4 * h), p.x_scale[i0 + r]);
+      float32x4_t y = vfmaq_f32(bias, vcvtq_f32_s32(isum[r][h]), combined);
+      neon::store4(p.out, p.out_dtype, (i0 + r) * p.n + t * kTileRows + 4 * h, y, hv);
+    }
+  }
+}
+
+template <int MR>
+void rows_x_tiles(const W8A8Problem& p, int64_t i0, int64_t t0, int64_t t1) {
+  for (int64_t t = t0; t < t1; ++t) rows_x_tile<MR>(p, i0, t);
+}
+}  // namespace
+
+void w8a8_tiles(const W8A8Problem& p, int64_t tile_begin, int64_t tile_end) {
+  int64_t i = 0;
+  for (; i + 4 <= p.m; i += 4) rows_x_tiles<4>(p, i, tile_begin, tile_end);
+  switch (p.m - i) {
+    case 3: return rows_x_tiles<3>(p, i, tile_begin, tile_end);
+    case 2: return rows_x_tiles<2>(p, i, tile_begin, tile_end);
+    case 1: return rows_x_tiles<1>(p, i, tile_begin, tile_end);
+  }
+}
+
+}  // namespace shrike::dotprod

@@ -1,0 +1,73 @@
+#include <arm_sve.h>
+
+#include "linear/epilogue_sve2.h"
+#include "linear/layout.h"
+#include "linear/linear.h"
+
+namespace shrike::sve2 {
+
+namespace {
+// SVE vectors cannot live in arrays, so the up to four rows of a block are spelled out as
+// variables 0..3 and rows past MR compile away.
+#define SHRIKE_EACH_ROW(X) X(0) X(1) X(2) X(3)
+
+template <int MR>
+void rows_x_pass(const W8A8Problem& p, int64_t i0, int64_t t, int64_t h, int64_t per_pass) {
+  const int8_t* tile = reinterpret_cast<const int8_t*>(p.packed + t * w8a8_tile_bytes(p.k));
+  const int8_t* w = tile + 4 * per_pass * h;
+  const svbool_t all = svptrue_b8();
+  const svbool_t bytes = svwhilelt_b8(int64_t{0}, 4 * per_pass);
+  const svbool_t lanes = svwhilelt_b32(int64_t{0}, per_pass);
+  const int8_t* q[4];
+  for (int r = 0; r < 4; ++r) q[r] = p.q + (i0 + (r < MR ? r : 0)) * p.k;
+#define SHRIKE_DECLARE(r) svint32_t isum##r = svdup_n_s32(0);
+  SHRIKE_EACH_ROW(SHRIKE_DECLARE)
+#undef SHRIKE_DECLARE
+  for (int64_t k = 0; k < p.k; k += 16, w += 128) {
+    svint8_t s0 = svld1_s8(bytes, w), s1 = svld1_s8(bytes, w + 32), s2 = svld1_s8(bytes, w + 64),
+             s3 = svld1_s8(bytes, w + 96);
+#define SHRIKE_DOT(r)                              \
+  if constexpr (MR > r) {                          \
+    svint8_t a = svld1rq_s8(all, q[r] + k);        \
+    isum##r = svdot_lane_s32(isum##r, s0, a, 0);   \
+    isum##r = svdot_lane_s32(isum##r, s1, a, 1);   \
+    isum##r = svdot_lane_s32(isum##r, s2, a, 2);   \
+    isum##r = svdot_lane_s32(isum##r, s3, a, 3);   \
+  }
+    SHRIKE_EACH_ROW(SHRIKE_DOT)
+#undef SHRIKE_DOT
+  }
+  svfloat32_t scale = svld1_f32(lanes, reinterpret_cast<const float*>(tile + kTileRows * p.k) + per_pass * h);
+  svbool_t valid = valid_columns(p.n, t, h, per_pass);
+  int64_t col = t * kTileRows + h * per_pass;
+  svfloat32_t bias = load_bias(p.bias, col, valid);
+#define SHRIKE_STORE(r)                                                                                    \
+  if constexpr (MR > r) {                                                                                  \
+    svfloat32_t combined = svmul_n_f32_x(lanes, scale, p.x_scale[i0 + r]);                                 \
+    svfloat32_t y = svmla_f32_x(lanes, bias, svcvt_f32_s32_x(lanes, isum##r), combined);                   \
+    store(p.out, p.out_dtype, (i0 + r) * p.n + col, y, valid);                                             \
+  }
+  SHRIKE_EACH_ROW(SHRIKE_STORE)
+#undef SHRIKE_STORE
+}
+#undef SHRIKE_EACH_ROW
+
+template <int MR>
+void rows_x_tiles(const W8A8Problem& p, int64_t i0, int64_t t0, int64_t t1) {
+  const int64_t per_pass = columns_per_pass();
+  for (int64_t t = t0; t < t1; ++t)
+    for (int64_t h = 0; h < kTileRows / per_pass; ++h) rows_x_pass<MR>(p, i0, t, h, per_pass);
+}
+}  // namespace
+
+void w8a8_tiles(const W8A8Problem& p, int64_t tile_begin, int64_t tile_end) {
+  int64_t i = 0;
+  for (; i + 4 <= p.m; i += 4) rows_x_tiles<4>(p, i, tile_begin, tile_end);
+  switch (p.m - i) {
+    case 3: return rows_x_tiles<3>(p, i, tile_begin, tile_end);
+    case 2: return rows_x_tiles<2>(p, i, tile_begin, tile_end);
+    case 1: return rows_x_tiles<1>(p, i, tile_begin, tile_end);
+  }
+}
+
+}  // namespace shrike::sve2

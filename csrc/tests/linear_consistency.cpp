@@ -1,0 +1,249 @@
+// Checks every available kernel variant against the scalar reference, bit for bit, on random
+// data over many shapes (the idea of ggml's test-backend-ops). Built without Python so the
+// Arm variants can run under qemu-user.
+//
+//   linear_consistency [--isa NAME] [--expect NAME,NAME] [--quick]
+// --isa     test only this variant (besides the reference it is compared with)
+// --expect  fail unless these variants are available (guards against a CPU model or build
+//           that silently drops a variant)
+// Exit status 0 only if every comparison matched.
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/bf16.h"
+#include "common/isa.h"
+#include "linear/layout.h"
+#include "linear/linear.h"
+#include "linear/repack.h"
+#include "quant/act_quant.h"
+#include "runtime/threadpool.h"
+
+namespace {
+
+using namespace shrike;
+
+struct Shape {
+  int64_t n, k;
+};
+
+std::mt19937 rng(1234);
+
+// Activations with a per-row offset so the asymmetric zero point moves; row 1 is all zero
+// and row 2 all positive to hit the edge cases of the range rule.
+std::vector<float> activations(int64_t m, int64_t k) {
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::uniform_real_distribution<float> offset(-1.5f, 1.5f);
+  std::vector<float> x(m * k);
+  for (int64_t i = 0; i < m; ++i) {
+    float shift = offset(rng);
+    for (int64_t j = 0; j < k; ++j) {
+      float v = normal(rng) + shift;
+      if (i == 1) v = 0.f;
+      if (i == 2) v = std::abs(v) + 0.25f;
+      x[i * k + j] = v;
+    }
+  }
+  return x;
+}
+
+std::vector<uint8_t> as_input(const std::vector<float>& x, DType dt) {
+  std::vector<uint8_t> bytes(x.size() * (dt == DType::f32 ? 4 : 2));
+  if (dt == DType::f32) {
+    std::memcpy(bytes.data(), x.data(), bytes.size());
+  } else {
+    for (size_t i = 0; i < x.size(); ++i) {
+      bf16 b = float_to_bf16(x[i]);
+      std::memcpy(bytes.data() + 2 * i, &b, 2);
+    }
+  }
+  return bytes;
+}
+
+struct Tally {
+  int checks = 0, failures = 0;
+};
+
+void expect_equal(Tally& tally, const void* got, const void* want, size_t bytes, const std::string& what) {
+  ++tally.checks;
+  if (std::memcmp(got, want, bytes) == 0) return;
+  ++tally.failures;
+  if (tally.failures <= 20) std::printf("  MISMATCH %s\n", what.c_str());
+}
+
+struct W4Case {
+  Shape s;
+  int64_t group;
+  std::vector<uint8_t> packed;
+  std::vector<float> bias;
+};
+
+W4Case make_w4a8(Shape s, int64_t group, Tally& tally) {
+  std::uniform_int_distribution<int> nibble(-8, 7);
+  std::uniform_real_distribution<float> scale(0.001f, 0.02f), bias(-1.f, 1.f);
+  std::vector<int8_t> w(s.n * s.k);
+  for (auto& v : w) v = static_cast<int8_t>(nibble(rng));
+  std::vector<float> scales(s.n * (s.k / group));
+  for (auto& v : scales) v = scale(rng);
+  W4Case c{s, group, std::vector<uint8_t>(w4a8_packed_bytes(s.n, s.k, group)), std::vector<float>(s.n)};
+  for (auto& v : c.bias) v = bias(rng);
+  w4a8_pack_int8(w.data(), scales.data(), s.n, s.k, group, c.packed.data());
+  // The same weights in compressed-tensors pack-quantized form must give the same bytes.
+  std::vector<int32_t> words(s.n * s.k / 8, 0);
+  for (int64_t i = 0; i < s.n * s.k; ++i)
+    words[i / 8] = static_cast<int32_t>(static_cast<uint32_t>(words[i / 8]) | static_cast<uint32_t>(w[i] + 8) << (4 * (i % 8)));
+  std::vector<uint8_t> from_words(c.packed.size());
+  w4a8_pack_int32(words.data(), scales.data(), s.n, s.k, group, from_words.data());
+  std::string name = "w4a8 N=" + std::to_string(s.n) + " K=" + std::to_string(s.k) + " G=" + std::to_string(group);
+  expect_equal(tally, from_words.data(), c.packed.data(), c.packed.size(), name + " pack int32 vs int8");
+  std::vector<int8_t> w_back(w.size());
+  std::vector<float> scales_back(scales.size());
+  w4a8_unpack(c.packed.data(), s.n, s.k, group, w_back.data(), scales_back.data());
+  expect_equal(tally, w_back.data(), w.data(), w.size(), name + " unpack weights");
+  expect_equal(tally, scales_back.data(), scales.data(), scales.size() * 4, name + " unpack scales");
+  return c;
+}
+
+struct W8Case {
+  Shape s;
+  std::vector<uint8_t> packed;
+  std::vector<float> bias;
+};
+
+W8Case make_w8a8(Shape s, Tally& tally) {
+  std::uniform_int_distribution<int> byte(-128, 127);
+  std::uniform_real_distribution<float> scale(0.001f, 0.02f), bias(-1.f, 1.f);
+  std::vector<int8_t> w(s.n * s.k);
+  for (auto& v : w) v = static_cast<int8_t>(byte(rng));
+  std::vector<float> scales(s.n);
+  for (auto& v : scales) v = scale(rng);
+  W8Case c{s, std::vector<uint8_t>(w8a8_packed_bytes(s.n, s.k)), std::vector<float>(s.n)};
+  for (auto& v : c.bias) v = bias(rng);
+  w8a8_pack(w.data(), scales.data(), s.n, s.k, c.packed.data());
+  std::vector<int8_t> w_back(w.size());
+  std::vector<float> scales_back(s.n);
+  w8a8_unpack(c.packed.data(), s.n, s.k, w_back.data(), scales_back.data());
+  std::string name = "w8a8 N=" + std::to_string(s.n) + " K=" + std::to_string(s.k);
+  expect_equal(tally, w_back.data(), w.data(), w.size(), name + " unpack weights");
+  expect_equal(tally, scales_back.data(), scales.data(), scales.size() * 4, name + " unpack scales");
+  return c;
+}
+
+// Runs fn under the reference and under `isa`, comparing the output bytes.
+template <typename Fn>
+void compare(Tally& tally, Isa isa, size_t bytes, const std::string& what, Fn fn) {
+  std::vector<uint8_t> want(bytes), got(bytes, 0xa5);
+  set_active_isa("scalar");
+  fn(want.data());
+  set_active_isa(isa_name(isa));
+  fn(got.data());
+  expect_equal(tally, got.data(), want.data(), bytes, std::string(isa_name(isa)) + " " + what);
+}
+
+void check_isa(Isa isa, bool quick, Tally& tally) {
+  const std::vector<Shape> small = {{960, 576}, {576, 576}, {3072, 576}, {576, 1536}, {13, 128}, {37, 256}, {8, 64}};
+  const std::vector<Shape> large = {{2560, 2048}, {2048, 2048}, {12288, 2048}, {2048, 6144}};
+  const std::vector<int64_t> small_m = quick ? std::vector<int64_t>{1, 2, 3, 5, 17} : std::vector<int64_t>{1, 2, 3, 4, 5, 8, 17, 64};
+  const std::vector<int64_t> large_m = quick ? std::vector<int64_t>{1, 5} : std::vector<int64_t>{1, 3, 8};
+  for (int pass = 0; pass < 2; ++pass) {
+    const auto& shapes = pass ? large : small;
+    const auto& ms = pass ? large_m : small_m;
+    for (Shape s : shapes) {
+      for (int64_t group : {32, 64, 128}) {
+        if (s.k % group) continue;
+        if (pass && group != 128 && s.n > 2560) continue;  // keeps the emulated run short
+        W4Case c = make_w4a8(s, group, tally);
+        for (int64_t m : ms) {
+          std::vector<float> x = activations(m, s.k);
+          for (int variant = 0; variant < 4; ++variant) {
+            DType xt = variant & 1 ? DType::bf16 : DType::f32, ot = variant & 2 ? DType::bf16 : DType::f32;
+            std::vector<uint8_t> xin = as_input(x, xt);
+            std::string name = "w4a8 M=" + std::to_string(m) + " N=" + std::to_string(s.n) + " K=" + std::to_string(s.k) +
+                               " G=" + std::to_string(group) + (xt == DType::bf16 ? " x=bf16" : " x=f32") +
+                               (ot == DType::bf16 ? " out=bf16" : " out=f32");
+            const float* bias = variant == 1 ? nullptr : c.bias.data();
+            compare(tally, isa, m * s.n * (ot == DType::f32 ? 4 : 2), name, [&](void* out) {
+              w4a8_linear(xin.data(), xt, m, s.k, c.packed.data(), s.n, group, bias, out, ot);
+            });
+            if (variant == 1) {
+              int64_t groups = s.k / group;
+              size_t bytes = m * s.k + m * 8 + m * groups * 4;
+              compare(tally, isa, bytes, name + " quantize", [&](void* out) {
+                int8_t* q = static_cast<int8_t*>(out);
+                AsymRows rows{q, reinterpret_cast<float*>(q + m * s.k), reinterpret_cast<int32_t*>(q + m * s.k + 4 * m),
+                              reinterpret_cast<int32_t*>(q + m * s.k + 8 * m)};
+                quantize_asym(xin.data(), xt, m, s.k, group, rows);
+              });
+            }
+          }
+        }
+      }
+      if (pass && s.n > 2560) continue;
+      W8Case c = make_w8a8(s, tally);
+      for (int64_t m : ms) {
+        std::vector<float> x = activations(m, s.k);
+        for (int variant = 0; variant < 4; ++variant) {
+          DType xt = variant & 1 ? DType::bf16 : DType::f32, ot = variant & 2 ? DType::bf16 : DType::f32;
+          std::vector<uint8_t> xin = as_input(x, xt);
+          std::string name = "w8a8 M=" + std::to_string(m) + " N=" + std::to_string(s.n) + " K=" + std::to_string(s.k) +
+                             (xt == DType::bf16 ? " x=bf16" : " x=f32") + (ot == DType::bf16 ? " out=bf16" : " out=f32");
+          const float* bias = variant == 1 ? nullptr : c.bias.data();
+          compare(tally, isa, m * s.n * (ot == DType::f32 ? 4 : 2), name, [&](void* out) {
+            w8a8_linear(xin.data(), xt, m, s.k, c.packed.data(), s.n, bias, out, ot);
+          });
+          if (variant == 1)
+            compare(tally, isa, m * s.k + 4 * m, name + " quantize", [&](void* out) {
+              int8_t* q = static_cast<int8_t*>(out);
+              quantize_sym(xin.data(), xt, m, s.k, SymRows{q, reinterpret_cast<float*>(q + m * s.k)});
+            });
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string only, expect;
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--isa" && i + 1 < argc) only = argv[++i];
+    else if (a == "--expect" && i + 1 < argc) expect = argv[++i];
+    else if (a == "--quick") quick = true;
+    else {
+      std::fprintf(stderr, "usage: %s [--isa NAME] [--expect NAME,NAME] [--quick]\n", argv[0]);
+      return 2;
+    }
+  }
+  runtime::set_threads(2, {});
+  std::string available;
+  for (int i = 0; i < kNumIsas; ++i)
+    if (isa_available(static_cast<Isa>(i))) available += std::string(available.empty() ? "" : ",") + isa_name(static_cast<Isa>(i));
+  std::printf("available variants: %s\n", available.c_str());
+  int failures = 0;
+  for (size_t pos = 0; !expect.empty() && pos != std::string::npos;) {
+    size_t comma = expect.find(',', pos);
+    std::string name = expect.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    pos = comma == std::string::npos ? comma : comma + 1;
+    bool found = false;
+    for (int i = 0; i < kNumIsas; ++i) found = found || (name == isa_name(static_cast<Isa>(i)) && isa_available(static_cast<Isa>(i)));
+    if (!found) {
+      std::printf("FAIL: expected variant %s is not available\n", name.c_str());
+      ++failures;
+    }
+  }
+  for (int i = 1; i < kNumIsas; ++i) {
+    Isa isa = static_cast<Isa>(i);
+    if (!isa_available(isa) || (!only.empty() && only != isa_name(isa))) continue;
+    Tally tally;
+    check_isa(isa, quick, tally);
+    std::printf("%-8s %5d checks, %d mismatches\n", isa_name(isa), tally.checks, tally.failures);
+    failures += tally.failures;
+  }
+  std::printf(failures ? "RESULT: FAIL (%d)\n" : "RESULT: OK\n", failures);
+  return failures ? 1 : 0;
+}
