@@ -62,6 +62,7 @@ def running_server(model_dir: Path, log_path: Path, *flags: str) -> Iterator[Ser
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+    assert "Traceback" not in server.log, server.log
 
 
 def _wait_healthy(server: Server) -> None:

@@ -24,7 +24,7 @@ class StreamOptions(_Request):
     include_usage: bool = False
 
 
-class _SamplingRequest(_Request):
+class SamplingRequest(_Request):
     model: str | None = None
     n: int = 1
     stream: bool = False
@@ -47,7 +47,7 @@ class _SamplingRequest(_Request):
     skip_special_tokens: bool = True
 
 
-class CompletionRequest(_SamplingRequest):
+class CompletionRequest(SamplingRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = None
     echo: bool = False
@@ -74,7 +74,7 @@ class ResponseFormat(_Request):
     type: Literal["text", "json_object", "json_schema"]
 
 
-class ChatCompletionRequest(_SamplingRequest):
+class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = None
     max_completion_tokens: int | None = None

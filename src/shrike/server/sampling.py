@@ -8,7 +8,7 @@ from pathlib import Path
 from shrike.errors import ConfigError
 from shrike.sampling.params import SamplingParams
 from shrike.server.errors import bad_request, param_of
-from shrike.server.protocol import _SamplingRequest
+from shrike.server.protocol import SamplingRequest
 
 # Below this a temperature only overflows the logits; like vLLM, treat it as greedy.
 GREEDY_BELOW_TEMPERATURE = 1e-5
@@ -48,7 +48,7 @@ class SamplingDefaults:
                 + (f" max_tokens={self.max_tokens}" if self.max_tokens is not None else ""))
 
 
-def build_sampling_params(request: _SamplingRequest, defaults: SamplingDefaults, max_tokens: int | None,
+def build_sampling_params(request: SamplingRequest, defaults: SamplingDefaults, max_tokens: int | None,
                           default_max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None,
                           max_n: int, vocab_size: int) -> SamplingParams:
     """Raise APIError (400) naming the field for anything the engine would refuse."""
