@@ -3,8 +3,9 @@
 // batches. Unused cache slots hold NaN, so a read outside a sequence's visible keys shows up.
 // Built without Python so the Arm variants can run under qemu-user.
 //
-//   test_attention_driver [--isa NAME] [--expect NAME,NAME]
+//   test_attention_driver [--isa NAME] [--expect NAME,NAME] [--quick]
 // --isa     test only this variant (besides the reference)
+// --quick   block size 16 only (the block walk is code all variants share), for qemu
 // --expect  fail unless these variants are available
 // Exit status 0 only if every comparison was within tolerance.
 #include <algorithm>
@@ -190,7 +191,7 @@ void expect_close(Tally& tally, const Tensor& got, const std::vector<double>& wa
   }
 }
 
-std::vector<Case> cases() {
+std::vector<Case> cases(bool quick) {
   struct Scenario {
     const char* name;
     std::vector<int32_t> query_lens, context_lens;
@@ -201,11 +202,12 @@ std::vector<Case> cases() {
       {"chunked", {45, 20, 1}, {300, 20, 33}},
   };
   const int64_t heads[][2] = {{4, 4}, {6, 2}, {8, 1}};
+  const std::vector<int64_t> block_sizes = quick ? std::vector<int64_t>{16} : std::vector<int64_t>{16, 32};
   std::vector<Case> out;
   for (const Scenario& s : scenarios)
     for (auto [h, kvh] : heads)
       for (int64_t d : {64, 128})
-        for (int64_t bs : {16, 32})
+        for (int64_t bs : block_sizes)
           for (DType dt : {DType::f32, DType::bf16}) {
             std::string name = std::string(s.name) + " H" + std::to_string(h) + "/" + std::to_string(kvh) + " D" +
                                std::to_string(d) + " bs" + std::to_string(bs) + (dt == DType::f32 ? " f32" : " bf16");
@@ -222,12 +224,14 @@ std::vector<Case> cases() {
 
 int main(int argc, char** argv) {
   std::string only, expect;
+  bool quick = false;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--isa" && i + 1 < argc) only = argv[++i];
     else if (arg == "--expect" && i + 1 < argc) expect = argv[++i];
+    else if (arg == "--quick") quick = true;
     else {
-      std::fprintf(stderr, "usage: %s [--isa NAME] [--expect NAME,NAME]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--isa NAME] [--expect NAME,NAME] [--quick]\n", argv[0]);
       return 2;
     }
   }
@@ -247,7 +251,7 @@ int main(int argc, char** argv) {
   }
 
   Tally reference, variants[kNumIsas];
-  for (const Case& c : cases()) {
+  for (const Case& c : cases(quick)) {
     const Batch b = make_batch(c);
     const float scale = 1.f / std::sqrt(static_cast<float>(c.head_dim));
     // The output is rounded to bf16 when q is bf16 (relative step 2^-8).
