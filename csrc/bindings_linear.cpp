@@ -16,6 +16,7 @@
 #include "linear/linear.h"
 #include "linear/repack.h"
 #include "quant/act_quant.h"
+#include "runtime/read_bandwidth.h"
 #include "runtime/threadpool.h"
 
 namespace nb = nanobind;
@@ -235,4 +236,11 @@ void bind_linear(nb::module_& m) {
   m.def("set_threads", &set_threads, nb::arg("n"), nb::arg("cpus"));
   m.def("num_threads", &shrike::runtime::num_threads);
   m.def("usable_cpus", &shrike::runtime::usable_cpus);
+  m.def("read_bandwidth_probe", [](const Array& buffer) {
+    if (!contiguous(buffer)) throw nb::value_error("buffer must be contiguous");
+    size_t bytes = buffer.nbytes();
+    const void* data = buffer.data();
+    nb::gil_scoped_release release;
+    return shrike::runtime::read_bandwidth_probe(data, bytes);
+  }, nb::arg("buffer"), "Reads the whole buffer on the kernel thread pool (STREAM-like read bandwidth).");
 }

@@ -1,4 +1,5 @@
 // Portable scalar reference: defines the semantics every SIMD variant must reproduce exactly.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -57,15 +58,18 @@ void w4a8_tiles(const W4A8Problem& p, int64_t tile_begin, int64_t tile_end) {
 }
 
 void w8a8_tiles(const W8A8Problem& p, int64_t tile_begin, int64_t tile_end) {
+  std::vector<int8_t> w(kTileRows * p.k);  // (8, K)
   for (int64_t t = tile_begin; t < tile_end; ++t) {
-    const int8_t* w = reinterpret_cast<const int8_t*>(p.packed + t * w8a8_tile_bytes(p.k));  // (K/4, 8, 4)
+    const uint8_t* tile = p.packed + t * w8a8_tile_bytes(p.k);  // (K/4, 8, 4) int8, then 8 scales
+    for (int64_t k = 0; k < p.k; ++k)
+      for (int r = 0; r < kTileRows; ++r) w[r * p.k + k] = static_cast<int8_t>(tile[(k / 4 * kTileRows + r) * 4 + k % 4]);
     float scale[kTileRows];
-    std::memcpy(scale, w + kTileRows * p.k, sizeof(scale));
+    std::memcpy(scale, tile + kTileRows * p.k, sizeof(scale));
     for (int64_t i = 0; i < p.m; ++i) {
       const int8_t* q = p.q + i * p.k;
       for (int64_t r = 0; r < kTileRows && t * kTileRows + r < p.n; ++r) {
         int32_t isum = 0;
-        for (int64_t k = 0; k < p.k; ++k) isum += q[k] * w[(k / 4 * kTileRows + r) * 4 + k % 4];
+        for (int64_t k = 0; k < p.k; ++k) isum += q[k] * w[r * p.k + k];
         int64_t col = t * kTileRows + r;
         float y = std::fma(static_cast<float>(isum), p.x_scale[i] * scale[r], p.bias ? p.bias[col] : 0.f);
         store(p.out, p.out_dtype, i * p.n + col, y);

@@ -1,0 +1,133 @@
+"""Low-bit linear kernel benchmark (also ``shrike bench kernels``).
+
+M = 1 (decode): effective weight-read bandwidth of W4A8-G128 and W8A8 GEMV, cycling through at
+least ``--gb`` GB of distinct packed weights so the last-level cache cannot serve them, next to
+a STREAM-like read of an equally large buffer on the same thread pool.
+M = 128, 512 (prefill): GOP/s (2 M N K / time) of W4A8-G128 and W8A8 next to torch fp32 and
+bf16 matmul on the same shapes, torch limited to the same thread count.
+
+Prints a table of medians over ``--reps`` repetitions and writes JSON. Not a timed test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import statistics
+import time
+
+import torch
+
+from shrike import _C, kernels
+
+SHAPES = {"qkv": (2560, 2048), "o": (2048, 2048), "gate_up": (12288, 2048), "down": (2048, 6144)}
+
+
+def median_seconds(fn, reps: int) -> float:
+    fn()  # warm-up: page faults, thread wake-up
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def stream_read_gbs(nbytes: int, reps: int) -> float:
+    buffer = torch.ones(nbytes, dtype=torch.uint8)
+    seconds = median_seconds(lambda: _C.read_bandwidth_probe(buffer), reps)
+    return nbytes / seconds / 1e9
+
+
+def decode_gbs(weight, nbytes_target: int, reps: int) -> tuple[float, float]:
+    """(GB/s, microseconds per call) over enough clones of the packed weight to exceed the LLC."""
+    copies = max(2, math.ceil(nbytes_target / weight.packed.numel()))
+    clones = [type(weight).from_tensors({**weight.tensors(), "packed": weight.packed.clone()}) for _ in range(copies)]
+    x = torch.randn(1, weight.k)
+
+    def cycle():
+        for w in clones:
+            kernels.linear(x, w)
+
+    seconds = median_seconds(cycle, reps) / copies
+    return weight.packed.numel() / seconds / 1e9, seconds * 1e6
+
+
+def prefill_gops(m: int, n: int, k: int, w4, w8, reps: int) -> dict[str, float]:
+    x = torch.randn(m, k)
+    ops = 2 * m * n * k
+    w_fp32 = torch.randn(n, k)
+    x_bf16, w_bf16 = x.bfloat16(), w_fp32.bfloat16()
+    return {
+        "w4a8_g128": ops / median_seconds(lambda: kernels.linear(x, w4), reps) / 1e9,
+        "w8a8": ops / median_seconds(lambda: kernels.linear(x, w8), reps) / 1e9,
+        "torch_fp32": ops / median_seconds(lambda: x @ w_fp32.T, reps) / 1e9,
+        "torch_bf16": ops / median_seconds(lambda: x_bf16 @ w_bf16.T, reps) / 1e9,
+    }
+
+
+def make_weights(n: int, k: int) -> tuple[kernels.W4A8Weight, kernels.W8A8Weight]:
+    gen = torch.Generator().manual_seed(n + k)
+    w4 = kernels.W4A8Weight.from_int8(
+        torch.randint(-8, 8, (n, k), dtype=torch.int8, generator=gen), torch.rand(n, k // 128, generator=gen) * 0.01, 128
+    )
+    w8 = kernels.W8A8Weight.from_int8(
+        torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=gen), torch.rand(n, 1, generator=gen) * 0.01
+    )
+    return w4, w8
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="shrike bench kernels", description=__doc__.split("\n")[0])
+    parser.add_argument("--threads", type=int, default=2, help="kernel and torch threads (default 2)")
+    parser.add_argument("--cpu-bind", default=None, help="CPU list for the kernel pool, e.g. '0,1'")
+    parser.add_argument("--reps", type=int, default=5, help="repetitions per measurement; medians are reported")
+    parser.add_argument("--gb", type=float, default=1.0, help="GB of distinct weights cycled through at M=1")
+    parser.add_argument("--m", default="128,512", help="prefill row counts (comma separated)")
+    parser.add_argument("--shapes", default=",".join(SHAPES), help=f"subset of {','.join(SHAPES)}")
+    parser.add_argument("--json", default="bench_kernels.json", help="output file")
+    args = parser.parse_args(argv)
+
+    kernels.set_threads(args.threads, cpu_bind=args.cpu_bind)
+    torch.set_num_threads(args.threads)
+    target = int(args.gb * 1e9)
+    prefill_m = [int(m) for m in args.m.split(",") if m]
+    shapes = {name: SHAPES[name] for name in args.shapes.split(",")}
+
+    stream = stream_read_gbs(target, args.reps)
+    print(f"isa {kernels.active_isa()}, {args.threads} threads, STREAM-like read {stream:.1f} GB/s "
+          f"({args.gb:g} GB buffer, median of {args.reps})")
+    results = {"isa": kernels.active_isa(), "threads": args.threads, "machine": platform.machine(),
+               "stream_read_gbs": stream, "decode": {}, "prefill": {}}
+
+    print(f"\nM=1 {'shape':>8} {'N x K':>12} {'W4A8-G128 GB/s':>15} {'% read':>7} {'us':>7} "
+          f"{'W8A8 GB/s':>10} {'% read':>7} {'us':>7}")
+    prefill_rows = []
+    for name, (n, k) in shapes.items():
+        w4, w8 = make_weights(n, k)
+        g4, us4 = decode_gbs(w4, target, args.reps)
+        g8, us8 = decode_gbs(w8, target, args.reps)
+        results["decode"][name] = {"n": n, "k": k, "w4a8_g128_gbs": g4, "w4a8_us": us4, "w8a8_gbs": g8, "w8a8_us": us8}
+        print(f"    {name:>8} {f'{n}x{k}':>12} {g4:15.1f} {100 * g4 / stream:6.0f}% {us4:7.0f} "
+              f"{g8:10.1f} {100 * g8 / stream:6.0f}% {us8:7.0f}", flush=True)
+        for m in prefill_m:
+            r = prefill_gops(m, n, k, w4, w8, args.reps)
+            results["prefill"][f"{name}/M={m}"] = {"n": n, "k": k, "m": m, **r}
+            prefill_rows.append((name, m, n, k, r))
+
+    print(f"\n{'shape':>8} {'M':>5} {'W4A8-G128':>10} {'W8A8':>8} {'torch f32':>10} {'torch bf16':>11} "
+          f"{'W4A8/f32':>9} {'W8A8/f32':>9}   (GOP/s)")
+    for name, m, n, k, r in prefill_rows:
+        print(f"{name:>8} {m:5d} {r['w4a8_g128']:10.1f} {r['w8a8']:8.1f} {r['torch_fp32']:10.1f} "
+              f"{r['torch_bf16']:11.1f} {r['w4a8_g128'] / r['torch_fp32']:8.2f}x {r['w8a8'] / r['torch_fp32']:8.2f}x")
+
+    with open(args.json, "w") as f:
+        json.dump(results, f, indent=2)
+    print(f"\nwrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
