@@ -1,0 +1,74 @@
+"""Linear layers of a compressed-tensors checkpoint: quantized GEMMs, or dense for ignored layers."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from shrike.errors import ConfigError
+from shrike.layers.linear import DenseLinear
+from shrike.model.config import ModelConfig
+from shrike.model.weights import CheckpointTensors
+from shrike.quantization.backends import select_backend
+from shrike.quantization.compressed_tensors_format import QuantizationPlan, StoredLinear, read_stored_linear
+from shrike.quantization.repack_cache import RepackCache
+from shrike.quantization.safetensors_io import CheckpointFiles
+
+
+class QuantizedLinear:
+    def __init__(self, weight, bias: torch.Tensor | None, backend):
+        self.weight = weight  # backend-specific packed weight, (N, K) logically
+        self.bias = bias  # (N,) fp32 or None
+        self.backend = backend
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x (T, K) -> (T, N) in x's dtype."""
+        return self.backend.run(x.contiguous(), self.weight, self.bias)
+
+
+class QuantizedLinearFactory:
+    """The `make_linear` of CausalLM for a quantized checkpoint (see shrike.model.llama.LinearFactory)."""
+
+    def __init__(self, config: ModelConfig, model_dir: Path, dtype: torch.dtype, kernel_backend: str):
+        self.plan = QuantizationPlan(config.quantization_config)
+        if not config.tie_word_embeddings and self.plan.layer("lm_head") is not None:
+            raise ConfigError("a quantized lm_head is not supported; list lm_head in quantization_config.ignore")
+        self.dtype = dtype
+        self.backend = select_backend(kernel_backend)
+        self.files = CheckpointFiles(model_dir)
+        self.cache = RepackCache(self.files, self.backend.variant)
+
+    @property
+    def description(self) -> str:
+        """What loading mostly does, for the progress bar."""
+        return "Loading" if self.cache.is_warm else "Repacking"
+
+    def __call__(self, tensors: CheckpointTensors, prefixes: list[str], in_features: int, out_features: list[int],
+                 bias: bool):
+        layers = [self.plan.layer(p) for p in prefixes]
+        if all(layer is None for layer in layers):
+            return DenseLinear.load(tensors, prefixes, in_features, out_features, bias, self.dtype)
+        if any(layer != layers[0] for layer in layers):
+            raise ConfigError(f"{', '.join(prefixes)} run as one fused GEMM but are not quantized alike; "
+                              "quantize them with the same scheme or list all of them in ignore")
+        biases = torch.cat([tensors.get(f"{p}.bias", (n,), torch.float32) for p, n in zip(prefixes, out_features)]) \
+            if bias else None
+        return QuantizedLinear(self._weight(prefixes, layers[0], in_features, out_features), biases, self.backend)
+
+    def _weight(self, prefixes, layer, in_features, out_features):
+        name = prefixes[0]
+        cached = self.cache.load(name)
+        if cached is not None:
+            return self.backend.restore(layer.scheme, cached)
+        stored = StoredLinear.fuse([read_stored_linear(self.files, p, layer, n, in_features)
+                                    for p, n in zip(prefixes, out_features)])
+        weight = self.backend.build(stored)
+        return self.backend.restore(layer.scheme, self.cache.store(name, weight.tensors()))
+
+
+def quantized_linear_factory(config: ModelConfig, model_dir: Path, dtype: torch.dtype,
+                             kernel_backend: str) -> QuantizedLinearFactory | None:
+    """None for an unquantized checkpoint (CausalLM then builds dense layers)."""
+    if config.quantization_config is None:
+        return None
+    return QuantizedLinearFactory(config, model_dir, dtype, kernel_backend)

@@ -1,0 +1,102 @@
+"""`shrike quantize`: a bf16/fp32 checkpoint in, a compressed-tensors W4A8 or W8A8 checkpoint out."""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from shrike.errors import ConfigError
+from shrike.model.config import ModelConfig
+from shrike.quantization.compressed_tensors_format import (
+    check_format, matches_any, pack_int4, quantization_config, stored_tensor_names, stored_tensor_specs)
+from shrike.quantization.quantizer import quantize_weight
+from shrike.quantization.safetensors_io import (
+    DTYPES_BY_CODE, CheckpointFiles, StreamingSafetensorsWriter, TensorSpec)
+from shrike.quantization.schemes import SCHEMES, QuantScheme, scheme_from_name
+
+LINEAR_NAMES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+# Weights are what quantization changes; these describe the model and travel with it.
+_NOT_COPIED = ("config.json", "model.safetensors.index.json")
+
+
+def add_quantize_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("src", type=Path, help="model directory with bf16/fp16/fp32 safetensors")
+    p.add_argument("dst", type=Path, help="output directory (created; must not hold a checkpoint already)")
+    p.add_argument("--scheme", required=True, choices=list(SCHEMES))
+    p.add_argument("--format", default="pack-quantized", choices=["pack-quantized", "int-quantized"],
+                   help="int4 packed in int32 words (default), or one integer per int8")
+    p.add_argument("--ignore", nargs="*", default=["lm_head"], metavar="LAYER",
+                   help="linear layers kept unquantized: names or 're:' regexes (default: lm_head)")
+    p.add_argument("--clip-search", action="store_true",
+                   help="search each group's clipping range for the smallest output error (slower)")
+
+
+def linear_prefixes(config: ModelConfig) -> list[str]:
+    return [f"model.layers.{i}.{name}" for i in range(config.num_layers) for name in LINEAR_NAMES]
+
+
+def quantize_checkpoint(src: Path, dst: Path, scheme: QuantScheme, fmt: str = "pack-quantized",
+                        ignore: list[str] = ("lm_head",), clip_search: bool = False, progress: bool = True) -> None:
+    config = ModelConfig.from_dir(src)
+    if config.quantization_config is not None:
+        raise ConfigError(f"{src} is already quantized ({config.quantization_config.get('quant_method')}); "
+                          "quantize an unquantized checkpoint")
+    check_format(scheme, fmt)
+    if not config.tie_word_embeddings and not matches_any("lm_head", list(ignore)):
+        raise ConfigError("quantizing lm_head is not supported; keep lm_head in --ignore")
+    if (dst / "config.json").exists():
+        raise ConfigError(f"{dst} already holds a checkpoint; choose an empty output directory")
+    files = CheckpointFiles(src)
+    targets = [p for p in linear_prefixes(config) if not matches_any(p, list(ignore))]
+    for prefix in targets:
+        scheme.check_in_features(files.entry(f"{prefix}.weight")["shape"][1], prefix)
+
+    target_weights = {f"{p}.weight": p for p in targets}
+    specs: list[TensorSpec] = []
+    steps: list[tuple[str, str]] = []  # ("quantize", layer prefix) or ("copy", tensor name), in file order
+    for path in files.files:
+        for name, entry in files.headers[path][0].items():
+            if name == "__metadata__":
+                continue
+            if name in target_weights:
+                n, k = entry["shape"]
+                specs += stored_tensor_specs(target_weights[name], n, k, scheme, fmt, DTYPES_BY_CODE[entry["dtype"]])
+                steps.append(("quantize", target_weights[name]))
+            else:
+                specs.append(TensorSpec(name, DTYPES_BY_CODE[entry["dtype"]], tuple(entry["shape"])))
+                steps.append(("copy", name))
+
+    dst.mkdir(parents=True, exist_ok=True)
+    writer = StreamingSafetensorsWriter(dst / "model.safetensors", specs)
+    bar = tqdm(total=len(targets), desc=f"Quantizing to {scheme.name}", unit="layer", disable=not progress)
+    for kind, name in steps:
+        if kind == "copy":
+            writer.write(name, files.read(name))
+            continue
+        weight = files.read(f"{name}.weight")  # (N, K)
+        values, scales = quantize_weight(weight, scheme, weight.dtype, clip_search)
+        tensors = [pack_int4(values), scales, torch.tensor(values.shape, dtype=torch.int64)] \
+            if fmt == "pack-quantized" else [values, scales]
+        for stored_name, tensor in zip(stored_tensor_names(name, fmt), tensors):
+            writer.write(stored_name, tensor)
+        bar.update()
+    writer.close()
+    bar.close()
+
+    raw = dict(config.raw)
+    raw["quantization_config"] = quantization_config(scheme, fmt, list(ignore))
+    (dst / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
+    for path in src.iterdir():
+        if path.is_file() and path.suffix != ".safetensors" and path.name not in _NOT_COPIED:
+            shutil.copy2(path, dst / path.name)
+
+
+def run_quantize(args: argparse.Namespace) -> int:
+    quantize_checkpoint(args.src, args.dst, scheme_from_name(args.scheme), args.format, args.ignore, args.clip_search)
+    print(f"wrote {args.dst}")
+    return 0

@@ -1,0 +1,127 @@
+"""Repacked weights, cached on disk under a key derived from the checkpoint's content.
+
+The key hashes config.json, every safetensors header and size, and a sample of each file's
+bytes, plus the cache layout and the backend variant (kernel layout version and ISA). It never
+contains a path, so a moved checkpoint or cache directory still hits. Each cached layer is a
+safetensors file whose size and CRC-32 are recorded in the entry's manifest and checked before
+the file is memory-mapped; a file that fails the check is rebuilt from the checkpoint.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import zlib
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save
+
+from shrike.default_model import cache_dir
+from shrike.quantization.safetensors_io import CheckpointFiles
+
+CACHE_LAYOUT_VERSION = 1
+_SAMPLES_PER_FILE = 32
+_SAMPLE_BYTES = 1 << 16
+MANIFEST = "manifest.json"
+
+
+def repack_cache_root() -> Path:
+    return cache_dir() / "repacked"
+
+
+def checkpoint_identity(files: CheckpointFiles) -> str:
+    """A content hash of a checkpoint that is cheap to compute for multi-gigabyte files."""
+    digest = hashlib.sha256((files.model_dir / "config.json").read_bytes())
+    for path in files.files:
+        size = path.stat().st_size
+        _, data_start = files.headers[path]
+        with open(path, "rb") as f:
+            digest.update(f"{path.name}:{size}".encode())
+            digest.update(f.read(data_start))  # the header: names, dtypes, shapes and offsets
+            data_size = size - data_start
+            for i in range(_SAMPLES_PER_FILE):
+                f.seek(data_start + data_size * i // _SAMPLES_PER_FILE)
+                digest.update(f.read(_SAMPLE_BYTES))
+    return digest.hexdigest()
+
+
+def _crc32(path: Path) -> int:
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+class RepackCache:
+    """One cache entry: the repacked layers of one checkpoint for one backend variant."""
+
+    def __init__(self, files: CheckpointFiles, variant: str, root: Path | None = None):
+        key_source = f"{checkpoint_identity(files)}:layout{CACHE_LAYOUT_VERSION}:{variant}"
+        self.key = hashlib.sha256(key_source.encode()).hexdigest()[:32]
+        self.entry = (root or repack_cache_root()) / self.key
+        manifest_path = self.entry / MANIFEST
+        try:
+            self.manifest: dict[str, dict] = json.loads(manifest_path.read_text())["files"]
+        except (OSError, ValueError, KeyError, TypeError):
+            self.manifest = {}
+        self.writable = True
+        self.rebuilt: list[str] = []  # names whose cached file failed its check
+
+    @property
+    def is_warm(self) -> bool:
+        return bool(self.manifest)
+
+    def load(self, name: str) -> dict[str, torch.Tensor] | None:
+        """The cached tensors of `name`, memory-mapped; None when absent or failing the size/CRC check."""
+        record = self.manifest.get(name)
+        if record is None:
+            return None
+        path = self.entry / record["file"]
+        try:
+            intact = path.stat().st_size == record["size"] and _crc32(path) == record["crc32"]
+        except OSError:
+            intact = False
+        if not intact:
+            if not self.rebuilt:
+                print(f"shrike: repack cache {self.entry} has a damaged file ({record['file']}); "
+                      "rebuilding what fails its checksum", file=sys.stderr)
+            self.rebuilt.append(name)
+            return None
+        return _open(path)
+
+    def store(self, name: str, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Write `name` to the cache and return its tensors memory-mapped from there (as given if unwritable)."""
+        if not self.writable:
+            return tensors
+        data = save({k: v.contiguous() for k, v in tensors.items()})
+        file = f"{name}.safetensors"
+        try:
+            self.entry.mkdir(parents=True, exist_ok=True)
+            _atomic_write(self.entry / file, data)
+            self.manifest[name] = {"file": file, "size": len(data), "crc32": zlib.crc32(data)}
+            _atomic_write(self.entry / MANIFEST, json.dumps({"files": self.manifest}, indent=0).encode())
+        except OSError as e:
+            print(f"shrike: cannot write the repack cache in {self.entry} ({e}); "
+                  "repacked weights stay in memory and are rebuilt on the next start", file=sys.stderr)
+            self.writable = False
+            return tensors
+        # Serve from the file just written: its pages are shared with the page cache instead of
+        # being a second, private copy.
+        return _open(self.entry / file)
+
+
+def _open(path: Path) -> dict[str, torch.Tensor]:
+    with safe_open(str(path), framework="pt") as f:
+        return {k: f.get_tensor(k) for k in f.keys()}
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    """Readers (other processes) see the old file or the new one, never a partial write."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
