@@ -63,6 +63,16 @@ def build_parser() -> argparse.ArgumentParser:
     from shrike.server.args import add_serve_arguments
     add_serve_arguments(sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API",
                                        description="Serve a model over an OpenAI-compatible HTTP API."))
+
+    from shrike.eval_ppl import add_eval_ppl_arguments
+    from shrike.quantization.quantize_checkpoint import add_quantize_arguments
+    from shrike.synth import add_synth_arguments
+    add_quantize_arguments(sub.add_parser("quantize", help="quantize a checkpoint to W4A8 or W8A8 (compressed-tensors)",
+                                          description="Write a compressed-tensors W4A8 or W8A8 copy of a checkpoint."))
+    add_synth_arguments(sub.add_parser("synth", help="write a random-weight checkpoint with a real model's shapes",
+                                       description="Write a random-weight checkpoint for benchmarks and tests."))
+    add_eval_ppl_arguments(sub.add_parser("eval-ppl", help="perplexity of a model on a text file",
+                                          description="Perplexity over non-overlapping chunks of --context tokens."))
     return parser
 
 
@@ -90,10 +100,26 @@ def _serve(args: argparse.Namespace) -> int:
     return serve_main(args)
 
 
+def _quantize(args: argparse.Namespace) -> int:
+    from shrike.quantization.quantize_checkpoint import run_quantize
+    return run_quantize(args)
+
+
+def _synth(args: argparse.Namespace) -> int:
+    from shrike.synth import run_synth
+    return run_synth(args)
+
+
+def _eval_ppl(args: argparse.Namespace) -> int:
+    from shrike.eval_ppl import run_eval_ppl
+    return run_eval_ppl(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    handlers = {"generate": _generate, "convert": _convert, "doctor": _doctor, "serve": _serve}
+    handlers = {"generate": _generate, "convert": _convert, "doctor": _doctor, "serve": _serve,
+                "quantize": _quantize, "synth": _synth, "eval-ppl": _eval_ppl}
     if args.command is None:
         parser.print_help()
         return 2

@@ -14,6 +14,7 @@ from shrike.model.config import ModelConfig
 from shrike.model.llama import CausalLM
 from shrike.model.weights import CheckpointTensors
 from shrike.platform.memory import KVCachePlan, plan_kv_cache
+from shrike.quantization.loading import quantized_linear_factory
 from shrike.tokenizer import Tokenizer
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
@@ -47,14 +48,11 @@ class LoadedModel:
 
 
 def load_model(model: str | None, dtype: str = "auto", max_model_len: int | None = None,
-               chat_template: str | None = None, progress: bool = True) -> LoadedModel:
+               chat_template: str | None = None, progress: bool = True, kernel_backend: str = "auto") -> LoadedModel:
     model_dir = resolve_model(model)
     config = ModelConfig.from_dir(model_dir)
-    if config.quantization_config is not None:
-        raise ConfigError(f"{model_dir} is a quantized checkpoint "
-                          f"({config.quantization_config.get('quant_method', 'unknown method')}); "
-                          "quantized loading is not available in this build")
     torch_dtype = resolve_dtype(dtype, config)
+    make_linear = quantized_linear_factory(config, model_dir, torch_dtype, kernel_backend)  # None: dense
     limit = config.max_position_embeddings
     if max_model_len is None:
         max_model_len = limit
@@ -63,8 +61,9 @@ def load_model(model: str | None, dtype: str = "auto", max_model_len: int | None
     template = Path(chat_template).read_text() if chat_template and Path(chat_template).is_file() else chat_template
     tokenizer = Tokenizer(model_dir, chat_template=template)
     tensors = CheckpointTensors(model_dir)
-    bar = tqdm(total=config.num_layers, desc=f"Loading {model_dir.name}", unit="layer", disable=not progress)
-    net = CausalLM(config, tensors, torch_dtype, max_positions=max_model_len,
+    action = make_linear.description if make_linear else "Loading"
+    bar = tqdm(total=config.num_layers, desc=f"{action} {model_dir.name}", unit="layer", disable=not progress)
+    net = CausalLM(config, tensors, torch_dtype, make_linear=make_linear, max_positions=max_model_len,
                    progress=lambda done: bar.update(done - bar.n))
     bar.close()
     weight_bytes = sum(p.stat().st_size for p in model_dir.glob("*.safetensors"))
