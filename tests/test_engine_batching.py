@@ -87,3 +87,29 @@ def _gib_for_blocks(model_dir, blocks: int, block_size: int) -> float:
     c = ModelConfig.from_dir(model_dir)
     bytes_per_token = 2 * c.num_layers * c.num_kv_heads * c.head_dim * 4
     return blocks * block_size * bytes_per_token / 2**30
+
+
+def test_prefix_cache_hit_gives_identical_output(default_model_dir):
+    engine = make_engine(default_model_dir, block_size=4)
+    tok = engine.tokenizer
+    system = "You are a careful assistant who answers in one short sentence. " * 3
+    prompts = [tok.encode(system + q) for q in ("What is ice?", "Why is the sky blue?")]
+    cold = make_engine(default_model_dir, block_size=4, enable_prefix_caching=False)
+    expected = [cold.generate([p], GREEDY)[0][0].token_ids for p in prompts]
+    first = engine.generate([prompts[0]], GREEDY)[0][0].token_ids
+    hits_before = engine.block_manager.prefix_hits
+    second = engine.generate([prompts[1]], GREEDY)[0][0].token_ids
+    shared = engine.block_manager.prefix_hits - hits_before
+    assert shared >= len(tok.encode(system)) - 2 * engine.config.block_size  # the system prompt came from the cache
+    again = engine.generate([prompts[0]], GREEDY)[0][0].token_ids  # a full-prompt hit but for its last token
+    assert [first, second, again] == [expected[0], expected[1], expected[0]]
+    _check_all_blocks_free(engine)
+
+
+def test_cached_blocks_are_evicted_when_space_is_needed(default_model_dir, alone):
+    prompts, expected = alone
+    engine = make_engine(default_model_dir, block_size=4, kv_cache_space_gib=_gib_for_blocks(default_model_dir, 16, 4),
+                         max_model_len=64)
+    for prompt, want in zip(prompts, expected):  # each run leaves its blocks cached, the next evicts them
+        assert engine.generate([prompt], GREEDY)[0][0].token_ids == want
+    _check_all_blocks_free(engine)

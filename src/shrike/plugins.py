@@ -84,9 +84,11 @@ def build_registry(environ: Mapping[str, str] = os.environ) -> Registry:
     """A registry with Shrike's built-ins and the selected plugins."""
     # Imported here because the built-in ops need the kernel extension, and listing installed
     # plugins must work without it (shrike doctor reports a broken extension that way).
+    from shrike.model.llama import register_architectures
     from shrike.ops import register_builtin_ops
 
     registry = Registry()
     register_builtin_ops(registry)
+    register_architectures(registry)
     load_plugins(registry, environ)
     return registry

@@ -14,6 +14,7 @@ from shrike.engine.sequence import Sequence, SequenceStatus
 from shrike.engine.stop import StopStringFilter
 from shrike.errors import ConfigError
 from shrike.model.loader import LoadedModel, load_model
+from shrike.platform.binding import bind_compute_threads
 from shrike.sampling.params import SamplingParams
 from shrike.sampling.sampler import TokenLogprobs
 from shrike.tokenizer import IncrementalDecoder
@@ -29,6 +30,9 @@ class EngineConfig:
     block_size: int = 16
     kv_cache_space_gib: float | None = None  # None: sized from free memory
     chat_template: str | None = None
+    enable_prefix_caching: bool = True
+    cpu_threads: int | None = None  # None: one per default core
+    cpu_bind: str | None = None  # e.g. "0,1,6-11"; None: the fastest class of usable cores
     progress: bool = True
     kernel_backend: str = "auto"  # auto: the compiled kernel core; reference: the PyTorch reference (tests)
 
@@ -72,6 +76,7 @@ class _Request:
 class LLMEngine:
     def __init__(self, config: EngineConfig):
         self.config = config
+        self.cores = bind_compute_threads(config.cpu_threads, config.cpu_bind)
         loaded: LoadedModel = load_model(config.model, config.dtype, config.max_model_len, config.chat_template,
                                          progress=config.progress, kernel_backend=config.kernel_backend)
         self.model_config = loaded.config
@@ -80,7 +85,7 @@ class LLMEngine:
         self.model_dir = loaded.model_dir
         self.max_model_len = loaded.max_model_len
         self.kv_plan = loaded.plan_kv_cache(config.kv_cache_space_gib, config.block_size, config.max_num_seqs)
-        self.block_manager = BlockManager(self.kv_plan.num_blocks, config.block_size)
+        self.block_manager = BlockManager(self.kv_plan.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
         self.runner = ModelRunner(loaded.model, self.kv_plan.num_blocks, config.block_size, self.dtype)
         self.eos_ids = frozenset(self.tokenizer.eos_token_ids)
@@ -134,6 +139,7 @@ class LLMEngine:
             return []
         lengths_before = {id(item.seq): item.seq.num_tokens for item in batch}
         self.runner.step(batch)
+        self.scheduler.after_step(batch)
         touched: dict[str, list[Sequence]] = {}
         for item in batch:
             if item.seq.num_tokens > lengths_before[id(item.seq)]:

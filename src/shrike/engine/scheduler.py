@@ -56,6 +56,7 @@ class Scheduler:
             budget -= num_tokens
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
+            self.block_manager.reuse_cached_prefix(seq)
             num_tokens = min(seq.num_uncomputed_tokens, budget)
             if not self.block_manager.can_grow(seq, num_tokens):
                 break
@@ -66,6 +67,10 @@ class Scheduler:
             scheduled.append(ScheduledSequence(seq, num_tokens))
             budget -= num_tokens
         return scheduled
+
+    def after_step(self, batch: list[ScheduledSequence]) -> None:
+        for item in batch:
+            self.block_manager.register_full_blocks(item.seq)
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)

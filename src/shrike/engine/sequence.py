@@ -28,6 +28,7 @@ class Sequence:
         self.num_prompt_tokens = len(prompt_ids)
         self.num_computed_tokens = 0  # tokens whose K/V are in the cache
         self.block_table: list[int] = []
+        self.num_registered_blocks = 0  # leading full blocks already findable by prefix caching
         self.params = params
         self.status = SequenceStatus.WAITING
         self.finish_reason: str | None = None

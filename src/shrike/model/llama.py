@@ -10,14 +10,18 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from shrike import _C
+
 from shrike.engine.batch import BatchContext
 from shrike.errors import ConfigError
 from shrike.layers.attention import KVCache, paged_attention
 from shrike.layers.linear import DenseLinear
-from shrike.layers.norm import RMSNorm
+from shrike.layers.norm import RMSNorm, RmsNormFn
 from shrike.layers.rotary import RotaryEmbedding, apply_rotary
 from shrike.model.config import ModelConfig
 from shrike.model.weights import CheckpointTensors
+
+LLAMA_FAMILY = ("LlamaForCausalLM", "MiniCPMForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 
 # Builds a linear layer from checkpoint prefixes fused along the output dimension:
 # (tensors, prefixes, in_features, out_features per prefix, has_bias) -> layer
@@ -32,21 +36,24 @@ def dense_linear_factory(dtype: torch.dtype) -> LinearFactory:
 
 class DecoderLayer:
     def __init__(self, config: ModelConfig, tensors: CheckpointTensors, index: int, dtype: torch.dtype,
-                 make_linear: LinearFactory):
+                 make_linear: LinearFactory, rmsnorm: RmsNormFn):
         c = config
+
+        def norm(name: str, dim: int) -> RMSNorm:
+            return RMSNorm(tensors.get(name, (dim,), dtype), c.rms_norm_eps, rmsnorm)
+
         p = f"model.layers.{index}"
         q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
         self.config = c
-        self.input_norm = RMSNorm(tensors.get(f"{p}.input_layernorm.weight", (c.hidden_size,), dtype), c.rms_norm_eps)
-        self.post_attention_norm = RMSNorm(
-            tensors.get(f"{p}.post_attention_layernorm.weight", (c.hidden_size,), dtype), c.rms_norm_eps)
+        self.input_norm = norm(f"{p}.input_layernorm.weight", c.hidden_size)
+        self.post_attention_norm = norm(f"{p}.post_attention_layernorm.weight", c.hidden_size)
         attn = f"{p}.self_attn"
         self.qkv_proj = make_linear(tensors, [f"{attn}.q_proj", f"{attn}.k_proj", f"{attn}.v_proj"],
                                     c.hidden_size, [q_size, kv_size, kv_size], c.attention_bias)
         self.o_proj = make_linear(tensors, [f"{attn}.o_proj"], q_size, [c.hidden_size], c.o_proj_bias)
         if c.qk_norm:
-            self.q_norm = RMSNorm(tensors.get(f"{attn}.q_norm.weight", (c.head_dim,), dtype), c.rms_norm_eps)
-            self.k_norm = RMSNorm(tensors.get(f"{attn}.k_norm.weight", (c.head_dim,), dtype), c.rms_norm_eps)
+            self.q_norm = norm(f"{attn}.q_norm.weight", c.head_dim)
+            self.k_norm = norm(f"{attn}.k_norm.weight", c.head_dim)
         mlp = f"{p}.mlp"
         self.gate_up_proj = make_linear(tensors, [f"{mlp}.gate_proj", f"{mlp}.up_proj"], c.hidden_size,
                                         [c.intermediate_size, c.intermediate_size], c.mlp_bias)
@@ -77,17 +84,17 @@ class DecoderLayer:
 class CausalLM:
     def __init__(self, config: ModelConfig, tensors: CheckpointTensors, dtype: torch.dtype,
                  make_linear: LinearFactory | None = None, max_positions: int | None = None,
-                 progress: Callable[[int], None] | None = None):
+                 progress: Callable[[int], None] | None = None, rmsnorm: RmsNormFn = _C.rmsnorm):
         c = config
         make_linear = make_linear or dense_linear_factory(dtype)
         self.config, self.dtype = c, dtype
         self.embed_tokens = tensors.get("model.embed_tokens.weight", (c.vocab_size, c.hidden_size), dtype)
         self.layers = []
         for i in range(c.num_layers):
-            self.layers.append(DecoderLayer(c, tensors, i, dtype, make_linear))
+            self.layers.append(DecoderLayer(c, tensors, i, dtype, make_linear, rmsnorm))
             if progress:
                 progress(i + 1)
-        self.norm = RMSNorm(tensors.get("model.norm.weight", (c.hidden_size,), dtype), c.rms_norm_eps)
+        self.norm = RMSNorm(tensors.get("model.norm.weight", (c.hidden_size,), dtype), c.rms_norm_eps, rmsnorm)
         if c.tie_word_embeddings:
             self.lm_head = self.embed_tokens  # (vocab, hidden)
         elif "lm_head.weight" in tensors:
@@ -110,3 +117,8 @@ class CausalLM:
         if c.logit_divisor != 1.0:
             hidden = hidden / c.logit_divisor
         return F.linear(hidden, self.lm_head).float()
+
+
+def register_architectures(registry) -> None:
+    for name in LLAMA_FAMILY:
+        registry.register_architecture(name, CausalLM)

@@ -11,9 +11,9 @@ from tqdm import tqdm
 from shrike.default_model import resolve_model
 from shrike.errors import ConfigError
 from shrike.model.config import ModelConfig
-from shrike.model.llama import CausalLM
 from shrike.model.weights import CheckpointTensors
-from shrike.platform.memory import KVCachePlan, plan_kv_cache
+from shrike.platform.memory import KVCachePlan, plan_kv_cache, read_memory
+from shrike.plugins import build_registry
 from shrike.quantization.loading import quantized_linear_factory
 from shrike.tokenizer import Tokenizer
 
@@ -38,19 +38,23 @@ class LoadedModel:
     dtype: torch.dtype
     max_model_len: int
     weight_bytes: int
+    available_bytes_before_load: int  # so that the KV-cache plan does not count the weights twice
 
     def plan_kv_cache(self, space_gib: float | None, block_size: int, max_num_seqs: int) -> KVCachePlan:
         c = self.config
         return plan_kv_cache(num_layers=c.num_layers, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
                              kv_dtype_bytes=torch.finfo(self.dtype).bits // 8, block_size=block_size,
                              max_model_len=self.max_model_len, weight_bytes=self.weight_bytes,
-                             kv_cache_space_gib=space_gib, max_num_seqs=max_num_seqs)
+                             kv_cache_space_gib=space_gib, max_num_seqs=max_num_seqs,
+                             available_bytes=self.available_bytes_before_load)
 
 
 def load_model(model: str | None, dtype: str = "auto", max_model_len: int | None = None,
                chat_template: str | None = None, progress: bool = True, kernel_backend: str = "auto") -> LoadedModel:
     model_dir = resolve_model(model)
     config = ModelConfig.from_dir(model_dir)
+    registry = build_registry()
+    architecture = registry.architecture(config.architecture).target
     torch_dtype = resolve_dtype(dtype, config)
     make_linear = quantized_linear_factory(config, model_dir, torch_dtype, kernel_backend)  # None: dense
     limit = config.max_position_embeddings
@@ -61,10 +65,11 @@ def load_model(model: str | None, dtype: str = "auto", max_model_len: int | None
     template = Path(chat_template).read_text() if chat_template and Path(chat_template).is_file() else chat_template
     tokenizer = Tokenizer(model_dir, chat_template=template)
     tensors = CheckpointTensors(model_dir)
+    available_before = read_memory().available_bytes
     action = make_linear.description if make_linear else "Loading"
     bar = tqdm(total=config.num_layers, desc=f"{action} {model_dir.name}", unit="layer", disable=not progress)
-    net = CausalLM(config, tensors, torch_dtype, make_linear=make_linear, max_positions=max_model_len,
-                   progress=lambda done: bar.update(done - bar.n))
+    net = architecture(config, tensors, torch_dtype, make_linear=make_linear, max_positions=max_model_len,
+                       progress=lambda done: bar.update(done - bar.n), rmsnorm=registry.resolve_op("rmsnorm").target)
     bar.close()
     weight_bytes = sum(p.stat().st_size for p in model_dir.glob("*.safetensors"))
-    return LoadedModel(model_dir, config, tokenizer, net, torch_dtype, max_model_len, weight_bytes)
+    return LoadedModel(model_dir, config, tokenizer, net, torch_dtype, max_model_len, weight_bytes, available_before)

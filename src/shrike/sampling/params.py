@@ -55,4 +55,5 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        # Below this, dividing logits by the temperature overflows; the result is greedy anyway.
+        return self.temperature < 1e-5

@@ -65,6 +65,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="weight and activation dtype (default: the checkpoint's)")
     parser.add_argument("--kv-cache-space", type=_positive_float, default=None, metavar="GIB",
                         help="KV-cache size in GiB (default: sized from free memory)")
+    parser.add_argument("--cpu-threads", type=int, default=None, help="compute threads (default: one per fast core)")
+    parser.add_argument("--cpu-bind", default=None, metavar="LIST",
+                        help="cores to compute on, e.g. 0,1,6-11 (default: the fastest class of usable cores)")
+    parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                        help="reuse the KV cache of equal prompt prefixes across requests (default: on)")
     parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV) or None,
                         help=f"require `Authorization: Bearer KEY` on /v1/* (default: ${API_KEY_ENV}, else open)")
     parser.add_argument("--generation-config", default="auto", choices=["auto", "vllm"],
