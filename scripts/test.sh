@@ -6,5 +6,5 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . .venv/bin/activate
 export HF_HUB_OFFLINE=1
-if [ -f .ci/arm-kernels.sh ]; then bash .ci/arm-kernels.sh; fi
+bash .ci/arm-kernels.sh
 python -m pytest -q "$@"
