@@ -76,7 +76,26 @@ def build_parser() -> argparse.ArgumentParser:
                                        description="Write a random-weight checkpoint for benchmarks and tests."))
     add_eval_ppl_arguments(sub.add_parser("eval-ppl", help="perplexity of a model on a text file",
                                           description="Perplexity over non-overlapping chunks of --context tokens."))
+    bench = sub.add_parser("bench", help="run a benchmark: kernels or serving (pass --help after the suite name)",
+                           description="Benchmarks from benchmarks/: `shrike bench kernels ...`, `shrike bench serving ...`.")
+    bench.add_argument("suite", choices=sorted(BENCHMARKS))
+    bench.add_argument("bench_args", nargs=argparse.REMAINDER, help="arguments for the benchmark itself")
     return parser
+
+
+BENCHMARKS = {"kernels": "bench_kernels", "serving": "bench_serving"}
+
+
+def _bench(args: argparse.Namespace) -> int:
+    import importlib.util
+    # Benchmarks live in the source checkout (benchmarks/), next to src/ of an editable install.
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / f"{BENCHMARKS[args.suite]}.py"
+    if not path.is_file():
+        raise ConfigError(f"{path} not found: `shrike bench` runs from a source checkout (pip install -e .)")
+    spec = importlib.util.spec_from_file_location(BENCHMARKS[args.suite], path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main(args.bench_args)
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -121,7 +140,7 @@ def _eval_ppl(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    handlers = {"generate": _generate, "convert": _convert, "doctor": _doctor, "serve": _serve,
+    handlers = {"generate": _generate, "convert": _convert, "doctor": _doctor, "bench": _bench, "serve": _serve,
                 "quantize": _quantize, "synth": _synth, "eval-ppl": _eval_ppl}
     if args.command is None:
         parser.print_help()
