@@ -24,8 +24,9 @@ void rows_x_tile(const W4A8Problem& p, int64_t i0, int64_t t) {
   const uint8_t* w = p.packed + t * w4a8_tile_bytes(p.k, p.group);
   const __m256i low4 = _mm256_set1_epi8(0x0f);
   const __m256i ones = _mm256_set1_epi16(1);
-  __m256 acc[MR];
-  for (int r = 0; r < MR; ++r) acc[r] = _mm256_setzero_ps();
+  // Float accumulators live in memory: touched once per group, they would otherwise take
+  // registers the inner loop needs (MR = 4 spills inside the K loop without this).
+  alignas(32) float acc[MR][8] = {};
   for (int64_t g = 0; g < groups; ++g) {
     __m256i isum[MR];
     for (int r = 0; r < MR; ++r) isum[r] = _mm256_setzero_si256();
@@ -52,13 +53,14 @@ void rows_x_tile(const W4A8Problem& p, int64_t i0, int64_t t) {
       // isum holds sum((w + 8) * q); the exact sum((q - zero) * w) is that minus 8 * sum(q) - zero * sum(w).
       __m256i correction = _mm256_add_epi32(_mm256_set1_epi32(8 * p.x_group_sum[i * groups + g]),
                                             _mm256_mullo_epi32(_mm256_set1_epi32(p.x_zero[i]), wsum));
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(isum[r], correction)), scale, acc[r]);
+      __m256 sum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(isum[r], correction)), scale, _mm256_load_ps(acc[r]));
+      _mm256_store_ps(acc[r], sum);
     }
   }
   int valid = static_cast<int>(p.n - t * kTileRows < kTileRows ? p.n - t * kTileRows : kTileRows);
   __m256 bias = load_bias(p.bias, t * kTileRows, valid);
   for (int r = 0; r < MR; ++r) {
-    __m256 y = _mm256_fmadd_ps(acc[r], _mm256_set1_ps(p.x_scale[i0 + r]), bias);
+    __m256 y = _mm256_fmadd_ps(_mm256_load_ps(acc[r]), _mm256_set1_ps(p.x_scale[i0 + r]), bias);
     store_row(p.out, p.out_dtype, (i0 + r) * p.n + t * kTileRows, y, valid);
   }
 }
