@@ -7,33 +7,25 @@
 #include <string>
 
 #include "bindings.h"
+#include "bindings_util.h"
 #include "common/isa.h"
 #include "norm/rmsnorm.h"
 
-namespace nb = nanobind;
-using Array = nb::ndarray<nb::device::cpu, nb::c_contig>;
+using namespace shrike::bindings;
 
 namespace {
 
-shrike::DType float_dtype(const Array& a, const char* what) {
-  nb::dlpack::dtype dt = a.dtype();
-  if (dt == nb::dtype<float>()) return shrike::DType::f32;
-  if (dt.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat) && dt.bits == 16 && dt.lanes == 1)
-    return shrike::DType::bf16;
-  throw nb::type_error((std::string(what) + " must be float32 or bfloat16").c_str());
-}
-
 void rmsnorm(const Array& x, const Array& weight, Array& out, float eps) {
-  shrike::DType dt = float_dtype(x, "x");
-  if (float_dtype(weight, "weight") != dt || float_dtype(out, "out") != dt)
-    throw nb::type_error("rmsnorm: x, weight and out must share one dtype");
-  if (x.ndim() < 1 || weight.ndim() != 1) throw nb::value_error("rmsnorm: x must be (..., dim) and weight (dim,)");
-  int64_t dim = static_cast<int64_t>(x.shape(x.ndim() - 1));
-  if (static_cast<int64_t>(weight.shape(0)) != dim || out.size() != x.size())
-    throw nb::value_error("rmsnorm: weight length and out size must match x");
-  int64_t rows = dim ? static_cast<int64_t>(x.size()) / dim : 0;
+  const std::string op = "rmsnorm";
+  shrike::DType dt = float_dtype(x, op, "x");
+  require(float_dtype(weight, op, "weight") == dt && float_dtype(out, op, "out") == dt, op,
+          "x, weight and out must share one dtype");
+  require(x.ndim() >= 1 && weight.ndim() == 1, op, "x must be (..., dim) and weight (dim,)");
+  int64_t width = dim(x, x.ndim() - 1);
+  require(dim(weight, 0) == width && out.size() == x.size(), op, "weight length and out size must match x");
+  int64_t rows = width ? static_cast<int64_t>(x.size()) / width : 0;
   nb::gil_scoped_release release;
-  shrike::rmsnorm(x.data(), weight.data(), out.data(), rows, dim, eps, dt);
+  shrike::rmsnorm(x.data(), weight.data(), out.data(), rows, width, eps, dt);
 }
 
 }  // namespace
@@ -65,5 +57,6 @@ NB_MODULE(_C, m) {
   });
   bind_linear(m);
   bind_attention(m);
+  bind_fused(m);
   m.def("rmsnorm", &rmsnorm, nb::arg("x"), nb::arg("weight"), nb::arg("out"), nb::arg("eps"));
 }

@@ -4,3 +4,4 @@
 
 void bind_linear(nanobind::module_& m);
 void bind_attention(nanobind::module_& m);
+void bind_fused(nanobind::module_& m);

@@ -22,3 +22,13 @@ class RMSNorm:
         out = torch.empty_like(x)
         self.kernel(x, self.weight, out, self.eps)
         return out
+
+    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """residual += x (in place); returns the normalised residual. x, residual: (T, dim)."""
+        out = torch.empty_like(residual)
+        if self.kernel is _C.rmsnorm:
+            _C.add_rmsnorm(x.contiguous(), residual, self.weight, out, self.eps)
+        else:
+            residual += x
+            self.kernel(residual, self.weight, out, self.eps)
+        return out

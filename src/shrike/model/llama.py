@@ -61,24 +61,39 @@ class DecoderLayer:
         self.q_size, self.kv_size = q_size, kv_size
         self.scale = c.head_dim ** -0.5
 
-    def __call__(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache,
-                 ctx: BatchContext) -> torch.Tensor:
+    def __call__(self, delta: torch.Tensor, residual: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 cache: KVCache, ctx: BatchContext) -> torch.Tensor:
+        """residual: (T, hidden) stream, updated in place; delta: the previous layer's output to add
+        to it first (None for the first layer). Returns this layer's output, not yet added."""
         c = self.config
-        tokens = hidden.shape[0]
-        qkv = self.qkv_proj(self.input_norm(hidden))  # (T, q_size + 2 * kv_size)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.reshape(tokens, c.num_heads, c.head_dim)
-        k = k.reshape(tokens, c.num_kv_heads, c.head_dim)
-        v = v.reshape(tokens, c.num_kv_heads, c.head_dim)
+        tokens = residual.shape[0]
+        x = self.input_norm(residual) if delta is None else self.input_norm.add_and_norm(delta, residual)
+        qkv = self.qkv_proj(x)  # (T, q_size + 2 * kv_size)
         if c.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
+            q = self._rotate_and_cache_normed(qkv, cos, sin, cache, ctx)
+        else:
+            q = torch.empty(tokens, c.num_heads, c.head_dim, dtype=qkv.dtype)
+            _C.rope_write_kv(qkv, cos, sin, ctx.slot_mapping, q, cache.key, cache.value)
+        attn = self.o_proj(paged_attention(q, cache, ctx, self.scale).reshape(tokens, self.q_size))
+        if c.residual_scale != 1.0:
+            attn = attn * c.residual_scale
+        gate_up = self.gate_up_proj(self.post_attention_norm.add_and_norm(attn, residual))  # (T, 2 * intermediate)
+        act = torch.empty(tokens, c.intermediate_size, dtype=gate_up.dtype)
+        _C.silu_mul(gate_up, act)
+        out = self.down_proj(act)
+        return out * c.residual_scale if c.residual_scale != 1.0 else out
+
+    def _rotate_and_cache_normed(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache,
+                                 ctx: BatchContext) -> torch.Tensor:
+        """Qwen3: q and k are RMS-normalised per head before RoPE."""
+        c = self.config
+        tokens = qkv.shape[0]
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = self.q_norm(q.reshape(tokens, c.num_heads, c.head_dim))
+        k = self.k_norm(k.reshape(tokens, c.num_kv_heads, c.head_dim))
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        cache.write(ctx.slot_mapping, k, v)
-        attn = paged_attention(q, cache, ctx, self.scale).reshape(tokens, self.q_size)
-        hidden = hidden + self.o_proj(attn) * c.residual_scale if c.residual_scale != 1.0 else hidden + self.o_proj(attn)
-        gate, up = self.gate_up_proj(self.post_attention_norm(hidden)).chunk(2, dim=-1)
-        mlp_out = self.down_proj(F.silu(gate) * up)
-        return hidden + mlp_out * c.residual_scale if c.residual_scale != 1.0 else hidden + mlp_out
+        cache.write(ctx.slot_mapping, k, v.reshape(tokens, c.num_kv_heads, c.head_dim))
+        return q
 
 
 class CausalLM:
@@ -111,9 +126,10 @@ class CausalLM:
         if c.scale_emb != 1.0:
             hidden = hidden * c.scale_emb
         cos, sin = self.rotary.cos_sin_for(ctx.positions, ctx.use_long_rope)
+        residual, delta = hidden.contiguous(), None
         for layer, cache in zip(self.layers, kv_caches):
-            hidden = layer(hidden, cos, sin, cache, ctx)
-        hidden = self.norm(hidden[logits_indices])
+            delta = layer(delta, residual, cos, sin, cache, ctx)
+        hidden = self.norm.add_and_norm(delta[logits_indices], residual[logits_indices])
         if c.logit_divisor != 1.0:
             hidden = hidden / c.logit_divisor
         return F.linear(hidden, self.lm_head).float()

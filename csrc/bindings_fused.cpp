@@ -1,0 +1,77 @@
+// Bindings for the fused decoder-layer steps (csrc/fused).
+#include "bindings.h"
+#include "bindings_util.h"
+#include "fused/fused.h"
+
+using namespace shrike::bindings;
+
+namespace {
+
+void add_rmsnorm(const Array& x, Array& residual, const Array& weight, Array& out, float eps) {
+  const std::string op = "add_rmsnorm";
+  shrike::DType dt = float_dtype(x, op, "x");
+  require(float_dtype(residual, op, "residual") == dt && float_dtype(weight, op, "weight") == dt &&
+              float_dtype(out, op, "out") == dt, op, "x, residual, weight and out must share one dtype");
+  require(x.ndim() == 2 && weight.ndim() == 1 && dim(weight, 0) == dim(x, 1), op, "x must be (rows, dim), weight (dim,)");
+  require(residual.size() == x.size() && out.size() == x.size(), op, "residual and out must have x's size");
+  nb::gil_scoped_release release;
+  shrike::add_rmsnorm(x.data(), residual.data(), weight.data(), out.data(), dim(x, 0), dim(x, 1), eps, dt);
+}
+
+void silu_mul(const Array& gate_up, Array& out) {
+  const std::string op = "silu_mul";
+  shrike::DType dt = float_dtype(gate_up, op, "gate_up");
+  require(float_dtype(out, op, "out") == dt, op, "gate_up and out must share one dtype");
+  require(gate_up.ndim() == 2 && out.ndim() == 2 && dim(gate_up, 0) == dim(out, 0) && dim(gate_up, 1) == 2 * dim(out, 1),
+          op, "gate_up must be (rows, 2*width) and out (rows, width)");
+  nb::gil_scoped_release release;
+  shrike::silu_mul(gate_up.data(), out.data(), dim(out, 0), dim(out, 1), dt);
+}
+
+void rope_write_kv(const Array& qkv, const Array& cos, const Array& sin, const Array& slot_mapping, Array& q_out,
+                   Array& key_cache, Array& value_cache) {
+  const std::string op = "rope_write_kv";
+  shrike::RopeKvArgs a{};
+  a.act_dtype = float_dtype(qkv, op, "qkv");
+  a.cache_dtype = float_dtype(key_cache, op, "key_cache");
+  require(float_dtype(q_out, op, "q_out") == a.act_dtype, op, "q_out must have qkv's dtype");
+  require(float_dtype(value_cache, op, "value_cache") == a.cache_dtype, op, "key and value caches must share a dtype");
+  require(cos.dtype() == nb::dtype<float>() && sin.dtype() == nb::dtype<float>(), op, "cos and sin must be float32");
+  require(slot_mapping.dtype() == nb::dtype<int64_t>(), op, "slot_mapping must be int64");
+  require(q_out.ndim() == 3 && key_cache.ndim() == 3 && value_cache.ndim() == 3 && qkv.ndim() == 2, op,
+          "expected qkv (T, (H+2Hkv)*D), q_out (T, H, D), caches (slots, Hkv, D)");
+  a.tokens = dim(qkv, 0);
+  a.num_heads = dim(q_out, 1);
+  a.num_kv_heads = dim(key_cache, 1);
+  a.head_dim = dim(q_out, 2);
+  const int64_t slots = dim(key_cache, 0);
+  require(a.head_dim % 2 == 0 && dim(key_cache, 2) == a.head_dim, op, "head_dim must be even and match the cache");
+  require(dim(qkv, 1) == (a.num_heads + 2 * a.num_kv_heads) * a.head_dim && dim(q_out, 0) == a.tokens, op,
+          "qkv width must be (H + 2*Hkv) * D");
+  require(value_cache.size() == key_cache.size(), op, "key and value caches must have one shape");
+  require(cos.size() == static_cast<size_t>(a.tokens * a.head_dim) && sin.size() == cos.size(), op,
+          "cos and sin must be (T, D)");
+  require(slot_mapping.size() == static_cast<size_t>(a.tokens), op, "slot_mapping must have one slot per token");
+  const int64_t* slot = static_cast<const int64_t*>(slot_mapping.data());
+  for (int64_t t = 0; t < a.tokens; ++t) require(0 <= slot[t] && slot[t] < slots, op, "slot out of the cache's range");
+  a.qkv = qkv.data();
+  a.cos = static_cast<const float*>(cos.data());
+  a.sin = static_cast<const float*>(sin.data());
+  a.slot_mapping = slot;
+  a.q_out = q_out.data();
+  a.key_cache = key_cache.data();
+  a.value_cache = value_cache.data();
+  nb::gil_scoped_release release;
+  shrike::rope_write_kv(a);
+}
+
+}  // namespace
+
+void bind_fused(nb::module_& m) {
+  m.def("add_rmsnorm", &add_rmsnorm, nb::arg("x"), nb::arg("residual"), nb::arg("weight"), nb::arg("out"),
+        nb::arg("eps"), "residual += x; out = rmsnorm(residual) * weight.");
+  m.def("silu_mul", &silu_mul, nb::arg("gate_up"), nb::arg("out"), "out = silu(gate) * up for gate_up = [gate | up].");
+  m.def("rope_write_kv", &rope_write_kv, nb::arg("qkv"), nb::arg("cos"), nb::arg("sin"), nb::arg("slot_mapping"),
+        nb::arg("q_out"), nb::arg("key_cache"), nb::arg("value_cache"),
+        "Rotate q and k (rotate-half RoPE), write q to q_out and k, v into the caches at slot_mapping.");
+}

@@ -1,0 +1,32 @@
+// Element-wise steps of a decoder layer fused so that each is one pass and one Python call.
+// Each follows the rounding of the unfused PyTorch code it replaces: for bf16, every
+// intermediate the PyTorch code would store is rounded to bf16.
+#pragma once
+#include <cstdint>
+
+#include "common/dtype.h"
+
+namespace shrike {
+
+// residual += x; out = rmsnorm(residual) * weight.  x, residual, out: (rows, dim); weight: (dim,)
+void add_rmsnorm(const void* x, void* residual, const void* weight, void* out, int64_t rows, int64_t dim, float eps,
+                 DType dtype);
+
+// out = silu(gate) * up, with gate_up = [gate | up] per row.  gate_up: (rows, 2*width); out: (rows, width)
+void silu_mul(const void* gate_up, void* out, int64_t rows, int64_t width, DType dtype);
+
+struct RopeKvArgs {
+  const void* qkv;  // (T, (H + 2*Hkv) * D) activations: q heads, then k heads, then v heads
+  const float* cos;  // (T, D)
+  const float* sin;  // (T, D)
+  const int64_t* slot_mapping;  // (T,) cache slot of each token
+  void* q_out;  // (T, H, D) rotated queries, activation dtype
+  void* key_cache;  // (S, Hkv, D)
+  void* value_cache;  // (S, Hkv, D)
+  int64_t tokens, num_heads, num_kv_heads, head_dim;
+  DType act_dtype, cache_dtype;
+};
+// Rotate-half RoPE on q and k, then k and v stored at their slots.
+void rope_write_kv(const RopeKvArgs& args);
+
+}  // namespace shrike
