@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from shrike import _C
+from shrike.platform.cpulist import parse_cpu_list
 
 __all__ = [
     "W4A8Weight",
@@ -49,23 +50,6 @@ def set_isa(name: str) -> None:
     _C.set_isa(name)
 
 
-def _parse_cpu_list(spec: str) -> list[int]:
-    cpus: list[int] = []
-    for part in spec.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        lo, sep, hi = part.partition("-")
-        try:
-            first, last = int(lo), int(hi) if sep else int(lo)
-        except ValueError:
-            raise ValueError(f"bad CPU list {spec!r}: expected e.g. '0,1,6-11'") from None
-        if last < first:
-            raise ValueError(f"bad CPU range {part!r} in {spec!r}")
-        cpus.extend(range(first, last + 1))
-    return cpus
-
-
 def set_threads(n: int | None = None, cpu_bind: str | None = None) -> None:
     """Size the kernel thread pool and optionally pin it.
 
@@ -76,7 +60,7 @@ def set_threads(n: int | None = None, cpu_bind: str | None = None) -> None:
     the process mask. Workers spin briefly after a call, then sleep, so they do not compete
     with PyTorch's own threads between kernel calls. Call it while no kernel is running.
     """
-    cpus = _parse_cpu_list(cpu_bind) if cpu_bind else []
+    cpus = parse_cpu_list(cpu_bind) if cpu_bind else []
     if n is None:
         n = len(cpus) if cpus else len(_C.usable_cpus())
     _C.set_threads(int(n), cpus)
