@@ -13,7 +13,7 @@ from shrike.engine.scheduler import Scheduler
 from shrike.engine.sequence import Sequence, SequenceStatus
 from shrike.engine.stop import StopStringFilter
 from shrike.errors import ConfigError
-from shrike.model.loader import LoadedModel, load_model
+from shrike.model.loader import LoadedModel, load_model, resolve_dtype
 from shrike.platform.binding import bind_compute_threads
 from shrike.sampling.params import SamplingParams
 from shrike.sampling.sampler import TokenLogprobs
@@ -29,6 +29,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     block_size: int = 16
     kv_cache_space_gib: float | None = None  # None: sized from free memory
+    kv_cache_dtype: str = "auto"  # auto: the activations' dtype (bf16 for bf16 and quantized models)
     chat_template: str | None = None
     enable_prefix_caching: bool = True
     cpu_threads: int | None = None  # None: one per default core
@@ -84,10 +85,12 @@ class LLMEngine:
         self.dtype = loaded.dtype
         self.model_dir = loaded.model_dir
         self.max_model_len = loaded.max_model_len
-        self.kv_plan = loaded.plan_kv_cache(config.kv_cache_space_gib, config.block_size, config.max_num_seqs)
+        self.kv_dtype = self.dtype if config.kv_cache_dtype == "auto" else resolve_dtype(config.kv_cache_dtype, self.model_config)
+        self.kv_plan = loaded.plan_kv_cache(config.kv_cache_space_gib, config.block_size, config.max_num_seqs,
+                                            self.kv_dtype)
         self.block_manager = BlockManager(self.kv_plan.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
-        self.runner = ModelRunner(loaded.model, self.kv_plan.num_blocks, config.block_size, self.dtype)
+        self.runner = ModelRunner(loaded.model, self.kv_plan.num_blocks, config.block_size, self.kv_dtype)
         self.eos_ids = frozenset(self.tokenizer.eos_token_ids)
         self.requests: dict[str, _Request] = {}
 

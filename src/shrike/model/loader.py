@@ -40,10 +40,11 @@ class LoadedModel:
     weight_bytes: int
     available_bytes_before_load: int  # so that the KV-cache plan does not count the weights twice
 
-    def plan_kv_cache(self, space_gib: float | None, block_size: int, max_num_seqs: int) -> KVCachePlan:
+    def plan_kv_cache(self, space_gib: float | None, block_size: int, max_num_seqs: int,
+                      kv_dtype: torch.dtype) -> KVCachePlan:
         c = self.config
         return plan_kv_cache(num_layers=c.num_layers, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
-                             kv_dtype_bytes=torch.finfo(self.dtype).bits // 8, block_size=block_size,
+                             kv_dtype_bytes=torch.finfo(kv_dtype).bits // 8, block_size=block_size,
                              max_model_len=self.max_model_len, weight_bytes=self.weight_bytes,
                              kv_cache_space_gib=space_gib, max_num_seqs=max_num_seqs,
                              available_bytes=self.available_bytes_before_load)
