@@ -27,7 +27,7 @@ def pip(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", "--quiet", *args], check=True)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def example_plugin():
     pip("install", "--no-deps", "--no-build-isolation", str(EXAMPLE))
     importlib.invalidate_caches()
@@ -129,3 +129,40 @@ def test_reference_rmsnorm_matches_the_kernel(dtype):
     torch.testing.assert_close(out, kernel_out)
     rms = x.float().pow(2).mean(-1, keepdim=True).add(1e-5).sqrt()
     torch.testing.assert_close(out.float(), (x.float() / rms).to(dtype).float() * weight.float(), rtol=1e-2, atol=1e-2)
+
+
+def test_plugin_hooks_run_a_real_model(example_plugin, tmp_path, default_model_dir):
+    """A checkpoint naming the plugin's architecture and quantization scheme loads and generates,
+    and the plugin's rmsnorm is what the model calls."""
+    import json
+    import shutil
+
+    import transformers
+
+    from shrike.engine.llm_engine import EngineConfig, LLMEngine
+    from shrike.sampling.params import SamplingParams
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path)
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copy(default_model_dir / name, tmp_path / name)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    raw.update(architectures=["ToyForCausalLM"], quantization_config={"quant_method": "toy-absmax-int8"})
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+
+    calls_before = example_plugin.rmsnorm.calls
+    engine = LLMEngine(EngineConfig(model=str(tmp_path), dtype="float32", max_model_len=64, progress=False))
+    model = engine.runner.model
+    assert isinstance(model, example_plugin.ToyForCausalLM)
+    assert isinstance(model.layers[0].qkv_proj, example_plugin.AbsmaxInt8Linear)
+    (out,) = engine.generate([[1, 2, 3]], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))[0]
+    assert len(out.token_ids) == 4
+    assert example_plugin.rmsnorm.calls > calls_before
+
+
+def test_unknown_quantization_method_names_the_supported_ones():
+    registry = build_registry(environ={"SHRIKE_PLUGINS": ""})
+    with pytest.raises(ConfigError, match="quantization scheme 'fp8' is not supported.*compressed-tensors"):
+        registry.quantization("fp8")

@@ -86,9 +86,11 @@ def build_registry(environ: Mapping[str, str] = os.environ) -> Registry:
     # plugins must work without it (shrike doctor reports a broken extension that way).
     from shrike.model.llama import register_architectures
     from shrike.ops import register_builtin_ops
+    from shrike.quantization.loading import QuantizedLinearFactory
 
     registry = Registry()
     register_builtin_ops(registry)
     register_architectures(registry)
+    registry.register_quantization("compressed-tensors", QuantizedLinearFactory)
     load_plugins(registry, environ)
     return registry

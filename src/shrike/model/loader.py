@@ -14,7 +14,6 @@ from shrike.model.config import ModelConfig
 from shrike.model.weights import CheckpointTensors
 from shrike.platform.memory import KVCachePlan, plan_kv_cache, read_memory
 from shrike.plugins import build_registry
-from shrike.quantization.loading import quantized_linear_factory
 from shrike.tokenizer import Tokenizer
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
@@ -57,7 +56,10 @@ def load_model(model: str | None, dtype: str = "auto", max_model_len: int | None
     registry = build_registry()
     architecture = registry.architecture(config.architecture).target
     torch_dtype = resolve_dtype(dtype, config)
-    make_linear = quantized_linear_factory(config, model_dir, torch_dtype, kernel_backend)  # None: dense
+    make_linear = None  # dense layers
+    if config.quantization_config is not None:
+        method = config.quantization_config.get("quant_method", "(none)")
+        make_linear = registry.quantization(method).target(config, model_dir, torch_dtype, kernel_backend)
     limit = config.max_position_embeddings
     if max_model_len is None:
         max_model_len = limit

@@ -1,33 +1,51 @@
-"""Example Shrike plugin: registers one model architecture, one quantization scheme and one kernel op."""
+"""Example Shrike plugin: one model architecture, one quantization scheme and one kernel op, all usable.
+
+- ``ToyForCausalLM``: a checkpoint whose config.json names this architecture loads as a Llama
+  with a marker, showing where a plugin would build its own layers.
+- ``toy-absmax-int8``: a checkpoint whose ``quantization_config.quant_method`` is this stores
+  ordinary float weights; they are quantized at load to int8 with one scale per output row.
+- ``rmsnorm``: Shrike's reference rmsnorm, counting its calls, so that one can see it is the
+  implementation the model runs.
+"""
 
 import torch
 
+from shrike.layers.linear import DenseLinear
+from shrike.model.llama import CausalLM
 from shrike.ops import rmsnorm_reference
 
 
-class ToyForCausalLM:
-    """An architecture name mapped to a model class; a real plugin builds its layers from ``config``."""
+class ToyForCausalLM(CausalLM):
+    built_by_plugin = True
 
-    def __init__(self, config: dict):
-        self.config = config
+
+class AbsmaxInt8Linear:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype):
+        scale = weight.float().abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127  # (N, 1)
+        self.quantized = torch.round(weight.float() / scale).to(torch.int8)  # (N, K)
+        self.scale = scale
+        self.bias = bias
+        self.dtype = dtype
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        weight = (self.quantized.float() * self.scale).to(self.dtype)
+        return torch.nn.functional.linear(x, weight, self.bias)
 
 
 class ToyAbsmaxInt8:
-    """Symmetric int8 weights with one float scale per output row."""
+    """A quantization scheme: built per checkpoint, then called once per (fused) linear layer."""
 
-    @staticmethod
-    def quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        scale = weight.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127
-        return torch.round(weight / scale).to(torch.int8), scale
+    description = "Quantizing"
 
-    @staticmethod
-    def dequantize(quantized: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-        return quantized.float() * scale
+    def __init__(self, config, model_dir, dtype: torch.dtype, kernel_backend: str):
+        self.dtype = dtype
+
+    def __call__(self, tensors, prefixes, in_features, out_features, bias):
+        dense = DenseLinear.load(tensors, prefixes, in_features, out_features, bias, self.dtype)
+        return AbsmaxInt8Linear(dense.weight, dense.bias, self.dtype)
 
 
 class CountingRMSNorm:
-    """Shrike's reference rmsnorm, counting calls so one can see that the plugin's kernel is the one run."""
-
     def __init__(self) -> None:
         self.calls = 0
 
