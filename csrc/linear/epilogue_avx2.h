@@ -1,4 +1,5 @@
-// Bias loads and output stores for one row of an 8-column tile, AVX2.
+// Shared by the AVX2 tile kernels: the activation broadcast, and bias loads and output stores
+// for one row of an 8-column tile.
 // Internal linkage on purpose: these are compiled with AVX2 flags and must never be merged
 // with a same-named inline function from a translation unit built for another ISA.
 #pragma once
@@ -11,6 +12,13 @@
 
 namespace shrike::avx2 {
 namespace {
+
+// Four int8 activations (4 consecutive K) repeated in every 32-bit lane.
+inline __m256i broadcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
 
 inline __m256 load_bias(const float* bias, int64_t col, int valid) {
   if (!bias) return _mm256_setzero_ps();

@@ -1,6 +1,7 @@
 #include <arm_neon.h>
 
 #include "linear/epilogue_neon.h"
+#include "linear/gemm_driver.h"
 #include "linear/layout.h"
 #include "linear/linear.h"
 
@@ -64,23 +65,13 @@ void pairs_x_tile(const W4A8Problem& p, const int64_t* row_a, const int64_t* row
       }
   }
 }
-
-template <int PAIRS>
-void pairs_x_tiles(const W4A8Problem& p, const int64_t* row_a, const int64_t* row_b, int64_t t0, int64_t t1) {
-  for (int64_t t = t0; t < t1; ++t) pairs_x_tile<PAIRS>(p, row_a, row_b, t);
-}
 }  // namespace
 
 void w4a8_tiles(const W4A8Problem& p, int64_t tile_begin, int64_t tile_end) {
-  int64_t i = 0;
-  for (; i + 4 <= p.m; i += 4) {
-    const int64_t a[2] = {i, i + 2}, b[2] = {i + 1, i + 3};
-    pairs_x_tiles<2>(p, a, b, tile_begin, tile_end);
-  }
-  for (; i < p.m; i += 2) {
-    const int64_t a[1] = {i}, b[1] = {i + 1 < p.m ? i + 1 : i};
-    pairs_x_tiles<1>(p, a, b, tile_begin, tile_end);
-  }
+  auto kernel = [&](auto pairs, const int64_t* row_a, const int64_t* row_b, int64_t t) {
+    pairs_x_tile<pairs>(p, row_a, row_b, t);
+  };
+  for_row_pairs_and_tiles(p.m, tile_begin, tile_end, kernel);
 }
 
 }  // namespace shrike::i8mm

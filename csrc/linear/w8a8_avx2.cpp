@@ -1,20 +1,13 @@
 #include <immintrin.h>
 
-#include <cstring>
-
 #include "linear/epilogue_avx2.h"
+#include "linear/gemm_driver.h"
 #include "linear/layout.h"
 #include "linear/linear.h"
 
 namespace shrike::avx2 {
 
 namespace {
-inline __m256i broadcast4(const int8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return _mm256_set1_epi32(v);
-}
-
 // int8 x int8 through maddubs: |w| is the unsigned operand (|-128| = 128 fits) and q takes
 // w's sign; |q| <= 127 keeps q's negation exact and a pair sum <= 2 * 128 * 127 < 32768.
 template <int MR>
@@ -40,21 +33,12 @@ void rows_x_tile(const W8A8Problem& p, int64_t i0, int64_t t) {
     store_row(p.out, p.out_dtype, (i0 + r) * p.n + t * kTileRows, y, valid);
   }
 }
-
-template <int MR>
-void rows_x_tiles(const W8A8Problem& p, int64_t i0, int64_t t0, int64_t t1) {
-  for (int64_t t = t0; t < t1; ++t) rows_x_tile<MR>(p, i0, t);
-}
 }  // namespace
 
 void w8a8_tiles(const W8A8Problem& p, int64_t tile_begin, int64_t tile_end) {
-  int64_t i = 0;
-  for (; i + 4 <= p.m; i += 4) rows_x_tiles<4>(p, i, tile_begin, tile_end);
-  switch (p.m - i) {
-    case 3: return rows_x_tiles<3>(p, i, tile_begin, tile_end);
-    case 2: return rows_x_tiles<2>(p, i, tile_begin, tile_end);
-    case 1: return rows_x_tiles<1>(p, i, tile_begin, tile_end);
-  }
+  for_row_blocks_and_tiles(p.m, tile_begin, tile_end, [&](auto rows, int64_t i0, int64_t t) {
+    rows_x_tile<rows>(p, i0, t);
+  });
 }
 
 }  // namespace shrike::avx2

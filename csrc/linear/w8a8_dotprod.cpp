@@ -1,6 +1,7 @@
 #include <arm_neon.h>
 
 #include "linear/epilogue_neon.h"
+#include "linear/gemm_driver.h"
 #include "linear/layout.h"
 #include "linear/linear.h"
 
@@ -40,21 +41,12 @@ void rows_x_tile(const W8A8Problem& p, int64_t i0, int64_t t) {
     }
   }
 }
-
-template <int MR>
-void rows_x_tiles(const W8A8Problem& p, int64_t i0, int64_t t0, int64_t t1) {
-  for (int64_t t = t0; t < t1; ++t) rows_x_tile<MR>(p, i0, t);
-}
 }  // namespace
 
 void w8a8_tiles(const W8A8Problem& p, int64_t tile_begin, int64_t tile_end) {
-  int64_t i = 0;
-  for (; i + 4 <= p.m; i += 4) rows_x_tiles<4>(p, i, tile_begin, tile_end);
-  switch (p.m - i) {
-    case 3: return rows_x_tiles<3>(p, i, tile_begin, tile_end);
-    case 2: return rows_x_tiles<2>(p, i, tile_begin, tile_end);
-    case 1: return rows_x_tiles<1>(p, i, tile_begin, tile_end);
-  }
+  for_row_blocks_and_tiles(p.m, tile_begin, tile_end, [&](auto rows, int64_t i0, int64_t t) {
+    rows_x_tile<rows>(p, i0, t);
+  });
 }
 
 }  // namespace shrike::dotprod

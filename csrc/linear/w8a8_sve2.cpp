@@ -1,6 +1,7 @@
 #include <arm_sve.h>
 
 #include "linear/epilogue_sve2.h"
+#include "linear/gemm_driver.h"
 #include "linear/layout.h"
 #include "linear/linear.h"
 
@@ -51,23 +52,13 @@ void rows_x_pass(const W8A8Problem& p, int64_t i0, int64_t t, int64_t h, int64_t
 #undef SHRIKE_STORE
 }
 #undef SHRIKE_EACH_ROW
-
-template <int MR>
-void rows_x_tiles(const W8A8Problem& p, int64_t i0, int64_t t0, int64_t t1) {
-  const int64_t per_pass = columns_per_pass();
-  for (int64_t t = t0; t < t1; ++t)
-    for (int64_t h = 0; h < kTileRows / per_pass; ++h) rows_x_pass<MR>(p, i0, t, h, per_pass);
-}
 }  // namespace
 
 void w8a8_tiles(const W8A8Problem& p, int64_t tile_begin, int64_t tile_end) {
-  int64_t i = 0;
-  for (; i + 4 <= p.m; i += 4) rows_x_tiles<4>(p, i, tile_begin, tile_end);
-  switch (p.m - i) {
-    case 3: return rows_x_tiles<3>(p, i, tile_begin, tile_end);
-    case 2: return rows_x_tiles<2>(p, i, tile_begin, tile_end);
-    case 1: return rows_x_tiles<1>(p, i, tile_begin, tile_end);
-  }
+  const int64_t per_pass = columns_per_pass();
+  for_row_blocks_and_tiles(p.m, tile_begin, tile_end, [&](auto rows, int64_t i0, int64_t t) {
+    for (int64_t h = 0; h < kTileRows / per_pass; ++h) rows_x_pass<rows>(p, i0, t, h, per_pass);
+  });
 }
 
 }  // namespace shrike::sve2
