@@ -3,19 +3,13 @@
 #include <arm_neon.h>
 
 #include "attention/attention_tiles.h"
+#include "common/bf16_neon.h"
 
 namespace shrike::dotprod {
 namespace {
 
-inline float32x4_t load4(const float* p) { return vld1q_f32(p); }
-inline float32x4_t load4(const bf16* p) { return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16)); }
-inline void store4(float* p, float32x4_t v) { vst1q_f32(p, v); }
-// Round to nearest even (outputs are finite).
-inline void store4(bf16* p, float32x4_t v) {
-  uint32x4_t b = vreinterpretq_u32_f32(v);
-  uint32x4_t lsb = vandq_u32(vshrq_n_u32(b, 16), vdupq_n_u32(1));
-  vst1_u16(p, vshrn_n_u32(vaddq_u32(b, vaddq_u32(lsb, vdupq_n_u32(0x7fff))), 16));
-}
+using neon::load4;
+using neon::store4;
 
 // Lane u of the result is the sum of the lanes of a[u].
 inline float32x4_t transpose_sum4(const float32x4_t* a) {

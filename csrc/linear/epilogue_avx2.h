@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "common/bf16_avx2.h"
 #include "common/dtype.h"
 
 namespace shrike::avx2 {
@@ -26,14 +27,6 @@ inline __m256 load_bias(const float* bias, int64_t col, int valid) {
   float tmp[8] = {};
   std::memcpy(tmp, bias + col, valid * sizeof(float));
   return _mm256_loadu_ps(tmp);
-}
-
-// Round to nearest even, as float_to_bf16 does for finite values.
-inline __m128i to_bf16(__m256 v) {
-  __m256i b = _mm256_castps_si256(v);
-  __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
-  __m256i hi = _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
-  return _mm_packus_epi32(_mm256_castsi256_si128(hi), _mm256_extracti128_si256(hi, 1));
 }
 
 // Stores the first `valid` of 8 outputs at out[offset].

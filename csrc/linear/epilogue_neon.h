@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "common/bf16_neon.h"
 #include "common/dtype.h"
 
 namespace shrike::neon {
@@ -24,13 +25,6 @@ inline float32x4_t load_bias(const float* bias, int64_t col, int valid) {
   float tmp[4] = {};
   std::memcpy(tmp, bias + col, valid * sizeof(float));
   return vld1q_f32(tmp);
-}
-
-// Round to nearest even, as float_to_bf16 does for finite values.
-inline uint16x4_t to_bf16(float32x4_t v) {
-  uint32x4_t b = vreinterpretq_u32_f32(v);
-  uint32x4_t lsb = vandq_u32(vshrq_n_u32(b, 16), vdupq_n_u32(1));
-  return vshrn_n_u32(vaddq_u32(b, vaddq_u32(lsb, vdupq_n_u32(0x7fff))), 16);
 }
 
 inline void store4(void* out, DType dt, int64_t offset, float32x4_t y, int valid) {

@@ -2,32 +2,16 @@
 
 #include <cmath>
 
-#include "common/bf16.h"
+#include "common/bf16_avx2.h"
 #include "norm/rmsnorm.h"
 
 namespace shrike::avx2 {
 
 namespace {
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8(const bf16* p) {
-  __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
 // Round-to-nearest-even to bf16 (inputs here are finite), kept in float lanes.
-inline __m256i round_bits(__m256 v) {
-  __m256i b = _mm256_castps_si256(v);
-  __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
-  return _mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
-}
 inline __m256 round_to(__m256 v, const float*) { return v; }
 inline __m256 round_to(__m256 v, const bf16*) {
-  return _mm256_castsi256_ps(_mm256_and_si256(round_bits(v), _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
-}
-inline void store8(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
-inline void store8(bf16* p, __m256 v) {
-  __m256i hi = _mm256_srli_epi32(round_bits(v), 16);
-  __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(hi), _mm256_extracti128_si256(hi, 1));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
+  return _mm256_castsi256_ps(_mm256_and_si256(bf16_rounded_bits(v), _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
 }
 inline float to_f(float v) { return v; }
 inline float to_f(bf16 v) { return bf16_to_float(v); }

@@ -23,30 +23,46 @@ SymParams sym_params(float row_absmax) {
   return {scale > 0.f ? 1.f / scale : 0.f, scale};
 }
 
-void quantize_asym(const void* x, DType dtype, int64_t rows, int64_t k, int64_t group, const AsymRows& out) {
+namespace {
+
+template <typename T>
+void quantize_asym_rows(const T* x, int64_t rows, int64_t k, int64_t group, const AsymRows& out) {
   switch (active_isa()) {
 #if defined(SHRIKE_X86)
-    case Isa::avx2: return avx2::quantize_asym(x, dtype, rows, k, group, out);
+    case Isa::avx2: return avx2::quantize_asym(x, rows, k, group, out);
 #elif defined(SHRIKE_AARCH64)
     case Isa::dotprod:
-    case Isa::i8mm: return neon::quantize_asym(x, dtype, rows, k, group, out);
-    case Isa::sve2: return sve2::quantize_asym(x, dtype, rows, k, group, out);
+    case Isa::i8mm: return neon::quantize_asym(x, rows, k, group, out);
+    case Isa::sve2: return sve2::quantize_asym(x, rows, k, group, out);
 #endif
-    default: return ref::quantize_asym(x, dtype, rows, k, group, out);
+    default: return ref::quantize_asym(x, rows, k, group, out);
   }
 }
 
-void quantize_sym(const void* x, DType dtype, int64_t rows, int64_t k, const SymRows& out) {
+template <typename T>
+void quantize_sym_rows(const T* x, int64_t rows, int64_t k, const SymRows& out) {
   switch (active_isa()) {
 #if defined(SHRIKE_X86)
-    case Isa::avx2: return avx2::quantize_sym(x, dtype, rows, k, out);
+    case Isa::avx2: return avx2::quantize_sym(x, rows, k, out);
 #elif defined(SHRIKE_AARCH64)
     case Isa::dotprod:
-    case Isa::i8mm: return neon::quantize_sym(x, dtype, rows, k, out);
-    case Isa::sve2: return sve2::quantize_sym(x, dtype, rows, k, out);
+    case Isa::i8mm: return neon::quantize_sym(x, rows, k, out);
+    case Isa::sve2: return sve2::quantize_sym(x, rows, k, out);
 #endif
-    default: return ref::quantize_sym(x, dtype, rows, k, out);
+    default: return ref::quantize_sym(x, rows, k, out);
   }
+}
+
+}  // namespace
+
+void quantize_asym(const void* x, DType dtype, int64_t rows, int64_t k, int64_t group, const AsymRows& out) {
+  if (dtype == DType::f32) return quantize_asym_rows(static_cast<const float*>(x), rows, k, group, out);
+  quantize_asym_rows(static_cast<const bf16*>(x), rows, k, group, out);
+}
+
+void quantize_sym(const void* x, DType dtype, int64_t rows, int64_t k, const SymRows& out) {
+  if (dtype == DType::f32) return quantize_sym_rows(static_cast<const float*>(x), rows, k, out);
+  quantize_sym_rows(static_cast<const bf16*>(x), rows, k, out);
 }
 
 }  // namespace shrike

@@ -13,6 +13,7 @@
 #pragma once
 #include <cstdint>
 
+#include "common/bf16.h"
 #include "common/dtype.h"
 
 namespace shrike {
@@ -33,9 +34,12 @@ struct SymRows {
 void quantize_asym(const void* x, DType dtype, int64_t rows, int64_t k, int64_t group, const AsymRows& out);
 void quantize_sym(const void* x, DType dtype, int64_t rows, int64_t k, const SymRows& out);
 
-#define SHRIKE_DECLARE_ACT_QUANT                                                                         \
-  void quantize_asym(const void* x, DType dtype, int64_t rows, int64_t k, int64_t group, const AsymRows& out); \
-  void quantize_sym(const void* x, DType dtype, int64_t rows, int64_t k, const SymRows& out);
+// Per-variant kernels for float or bf16 rows; the dispatcher picks the element type.
+#define SHRIKE_DECLARE_ACT_QUANT                                                                        \
+  template <typename T>                                                                                 \
+  void quantize_asym(const T* x, int64_t rows, int64_t k, int64_t group, const AsymRows& out);          \
+  template <typename T>                                                                                 \
+  void quantize_sym(const T* x, int64_t rows, int64_t k, const SymRows& out);
 
 namespace ref { SHRIKE_DECLARE_ACT_QUANT }
 namespace avx2 { SHRIKE_DECLARE_ACT_QUANT }
@@ -43,5 +47,12 @@ namespace neon { SHRIKE_DECLARE_ACT_QUANT }
 namespace sve2 { SHRIKE_DECLARE_ACT_QUANT }
 
 #undef SHRIKE_DECLARE_ACT_QUANT
+
+// Each variant's file instantiates its kernels for both element types, with its own ISA flags.
+#define SHRIKE_INSTANTIATE_ACT_QUANT                                                                        \
+  template void quantize_asym(const float* x, int64_t rows, int64_t k, int64_t group, const AsymRows& out); \
+  template void quantize_asym(const bf16* x, int64_t rows, int64_t k, int64_t group, const AsymRows& out);  \
+  template void quantize_sym(const float* x, int64_t rows, int64_t k, const SymRows& out);                  \
+  template void quantize_sym(const bf16* x, int64_t rows, int64_t k, const SymRows& out);
 
 }  // namespace shrike

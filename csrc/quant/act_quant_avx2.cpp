@@ -1,18 +1,12 @@
 #include <immintrin.h>
 
-#include "common/bf16.h"
+#include "common/bf16_avx2.h"
 #include "quant/act_params.h"
 #include "quant/act_quant.h"
 
 namespace shrike::avx2 {
 
 namespace {
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8(const bf16* p) {
-  __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-
 inline float hmin(__m256 v) {
   __m128 m = _mm_min_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   m = _mm_min_ps(m, _mm_movehl_ps(m, m));
@@ -51,9 +45,10 @@ inline int32_t sum_bytes(const int8_t* q, int64_t n) {
   for (; i < n; ++i) total += q[i];
   return static_cast<int32_t>(total);
 }
+}  // namespace
 
 template <typename T>
-void asym_rows(const T* x, int64_t rows, int64_t k, int64_t group, const AsymRows& out) {
+void quantize_asym(const T* x, int64_t rows, int64_t k, int64_t group, const AsymRows& out) {
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * k;
     __m256 lo = load8(xr), hi = lo;
@@ -77,7 +72,7 @@ void asym_rows(const T* x, int64_t rows, int64_t k, int64_t group, const AsymRow
 }
 
 template <typename T>
-void sym_rows(const T* x, int64_t rows, int64_t k, const SymRows& out) {
+void quantize_sym(const T* x, int64_t rows, int64_t k, const SymRows& out) {
   const __m256 sign = _mm256_set1_ps(-0.f);
   const __m256i qmax = _mm256_set1_epi32(127), qmin = _mm256_set1_epi32(-127);
   for (int64_t r = 0; r < rows; ++r) {
@@ -96,16 +91,7 @@ void sym_rows(const T* x, int64_t rows, int64_t k, const SymRows& out) {
     }
   }
 }
-}  // namespace
 
-void quantize_asym(const void* x, DType dtype, int64_t rows, int64_t k, int64_t group, const AsymRows& out) {
-  if (dtype == DType::f32) asym_rows(static_cast<const float*>(x), rows, k, group, out);
-  else asym_rows(static_cast<const bf16*>(x), rows, k, group, out);
-}
-
-void quantize_sym(const void* x, DType dtype, int64_t rows, int64_t k, const SymRows& out) {
-  if (dtype == DType::f32) sym_rows(static_cast<const float*>(x), rows, k, out);
-  else sym_rows(static_cast<const bf16*>(x), rows, k, out);
-}
+SHRIKE_INSTANTIATE_ACT_QUANT
 
 }  // namespace shrike::avx2

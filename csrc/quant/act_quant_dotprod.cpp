@@ -1,20 +1,18 @@
 // NEON activation quantization; also used by the i8mm variant (its CPUs all have NEON).
 #include <arm_neon.h>
 
-#include "common/dtype.h"
+#include "common/bf16_neon.h"
 #include "quant/act_params.h"
 #include "quant/act_quant.h"
 
 namespace shrike::neon {
 
 namespace {
-inline float32x4_t load4(const float* p) { return vld1q_f32(p); }
-inline float32x4_t load4(const uint16_t* p) { return vreinterpretq_f32_u32(vshll_n_u16(vld1_u16(p), 16)); }
-
 inline int8x8_t narrow8(int32x4_t a, int32x4_t b) { return vqmovn_s16(vcombine_s16(vqmovn_s32(a), vqmovn_s32(b))); }
+}  // namespace
 
 template <typename T>
-void asym_rows(const T* x, int64_t rows, int64_t k, int64_t group, const AsymRows& out) {
+void quantize_asym(const T* x, int64_t rows, int64_t k, int64_t group, const AsymRows& out) {
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * k;
     float32x4_t lo = load4(xr), hi = lo;
@@ -43,7 +41,7 @@ void asym_rows(const T* x, int64_t rows, int64_t k, int64_t group, const AsymRow
 }
 
 template <typename T>
-void sym_rows(const T* x, int64_t rows, int64_t k, const SymRows& out) {
+void quantize_sym(const T* x, int64_t rows, int64_t k, const SymRows& out) {
   const int32x4_t qmax = vdupq_n_s32(127), qmin = vdupq_n_s32(-127);
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * k;
@@ -61,16 +59,7 @@ void sym_rows(const T* x, int64_t rows, int64_t k, const SymRows& out) {
     }
   }
 }
-}  // namespace
 
-void quantize_asym(const void* x, DType dtype, int64_t rows, int64_t k, int64_t group, const AsymRows& out) {
-  if (dtype == DType::f32) asym_rows(static_cast<const float*>(x), rows, k, group, out);
-  else asym_rows(static_cast<const uint16_t*>(x), rows, k, group, out);
-}
-
-void quantize_sym(const void* x, DType dtype, int64_t rows, int64_t k, const SymRows& out) {
-  if (dtype == DType::f32) sym_rows(static_cast<const float*>(x), rows, k, out);
-  else sym_rows(static_cast<const uint16_t*>(x), rows, k, out);
-}
+SHRIKE_INSTANTIATE_ACT_QUANT
 
 }  // namespace shrike::neon

@@ -10,9 +10,10 @@ namespace shrike::ref {
 namespace {
 inline float load(const float* p, int64_t i) { return p[i]; }
 inline float load(const bf16* p, int64_t i) { return bf16_to_float(p[i]); }
+}  // namespace
 
 template <typename T>
-void asym_rows(const T* x, int64_t rows, int64_t k, int64_t group, const AsymRows& out) {
+void quantize_asym(const T* x, int64_t rows, int64_t k, int64_t group, const AsymRows& out) {
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * k;
     float lo = load(xr, 0), hi = lo;
@@ -37,7 +38,7 @@ void asym_rows(const T* x, int64_t rows, int64_t k, int64_t group, const AsymRow
 }
 
 template <typename T>
-void sym_rows(const T* x, int64_t rows, int64_t k, const SymRows& out) {
+void quantize_sym(const T* x, int64_t rows, int64_t k, const SymRows& out) {
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * k;
     float amax = 0.f;
@@ -50,16 +51,7 @@ void sym_rows(const T* x, int64_t rows, int64_t k, const SymRows& out) {
     }
   }
 }
-}  // namespace
 
-void quantize_asym(const void* x, DType dtype, int64_t rows, int64_t k, int64_t group, const AsymRows& out) {
-  if (dtype == DType::f32) asym_rows(static_cast<const float*>(x), rows, k, group, out);
-  else asym_rows(static_cast<const bf16*>(x), rows, k, group, out);
-}
-
-void quantize_sym(const void* x, DType dtype, int64_t rows, int64_t k, const SymRows& out) {
-  if (dtype == DType::f32) sym_rows(static_cast<const float*>(x), rows, k, out);
-  else sym_rows(static_cast<const bf16*>(x), rows, k, out);
-}
+SHRIKE_INSTANTIATE_ACT_QUANT
 
 }  // namespace shrike::ref

@@ -1,8 +1,6 @@
 #include <arm_sve.h>
 
-#include <cstring>
-
-#include "common/dtype.h"
+#include "common/bf16.h"
 #include "quant/act_params.h"
 #include "quant/act_quant.h"
 
@@ -10,20 +8,16 @@ namespace shrike::sve2 {
 
 namespace {
 inline svfloat32_t load(svbool_t pg, const float* p) { return svld1_f32(pg, p); }
-inline svfloat32_t load(svbool_t pg, const uint16_t* p) {
+inline svfloat32_t load(svbool_t pg, const bf16* p) {
   return svreinterpret_f32_u32(svlsl_n_u32_x(pg, svld1uh_u32(pg, p), 16));
 }
 
 inline float first(const float* p) { return *p; }
-inline float first(const uint16_t* p) {
-  uint32_t bits = static_cast<uint32_t>(*p) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
+inline float first(const bf16* p) { return bf16_to_float(*p); }
+}  // namespace
 
 template <typename T>
-void asym_rows(const T* x, int64_t rows, int64_t k, int64_t group, const AsymRows& out) {
+void quantize_asym(const T* x, int64_t rows, int64_t k, int64_t group, const AsymRows& out) {
   const int64_t step = svcntw();
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * k;
@@ -55,7 +49,7 @@ void asym_rows(const T* x, int64_t rows, int64_t k, int64_t group, const AsymRow
 }
 
 template <typename T>
-void sym_rows(const T* x, int64_t rows, int64_t k, const SymRows& out) {
+void quantize_sym(const T* x, int64_t rows, int64_t k, const SymRows& out) {
   const int64_t step = svcntw();
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * k;
@@ -75,16 +69,7 @@ void sym_rows(const T* x, int64_t rows, int64_t k, const SymRows& out) {
     }
   }
 }
-}  // namespace
 
-void quantize_asym(const void* x, DType dtype, int64_t rows, int64_t k, int64_t group, const AsymRows& out) {
-  if (dtype == DType::f32) asym_rows(static_cast<const float*>(x), rows, k, group, out);
-  else asym_rows(static_cast<const uint16_t*>(x), rows, k, group, out);
-}
-
-void quantize_sym(const void* x, DType dtype, int64_t rows, int64_t k, const SymRows& out) {
-  if (dtype == DType::f32) sym_rows(static_cast<const float*>(x), rows, k, out);
-  else sym_rows(static_cast<const uint16_t*>(x), rows, k, out);
-}
+SHRIKE_INSTANTIATE_ACT_QUANT
 
 }  // namespace shrike::sve2
