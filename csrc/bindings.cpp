@@ -12,6 +12,7 @@
 #include "norm/rmsnorm.h"
 
 using namespace shrike::bindings;
+using Array = ContiguousArray;
 
 namespace {
 

@@ -1,45 +1,20 @@
 // Bindings for paged attention. Every argument, including every block id a sequence uses, is
 // checked here, so a wrong tensor raises instead of reading outside the cache.
-#include <nanobind/nanobind.h>
-#include <nanobind/ndarray.h>
-
 #include <cstdint>
 #include <string>
 
 #include "attention/attention.h"
 #include "bindings.h"
+#include "bindings_util.h"
 
-namespace nb = nanobind;
-using Array = nb::ndarray<nb::device::cpu>;
+using namespace shrike::bindings;
+using Array = StridedArray;
 
 namespace {
 
-[[noreturn]] void fail(const std::string& message) { throw nb::value_error(("paged_attention: " + message).c_str()); }
+const std::string kOp = "paged_attention";
 
-std::string shape_text(const Array& a) {
-  std::string s = "(";
-  for (size_t i = 0; i < a.ndim(); ++i) s += (i ? ", " : "") + std::to_string(a.shape(i));
-  return s + (a.ndim() == 1 ? ",)" : ")");
-}
-
-bool contiguous(const Array& a) {
-  int64_t expected = 1;
-  for (size_t i = a.ndim(); i-- > 0;) {
-    if (a.shape(i) != 1 && a.stride(i) != expected) return false;
-    expected *= static_cast<int64_t>(a.shape(i));
-  }
-  return true;
-}
-
-int64_t dim(const Array& a, size_t i) { return static_cast<int64_t>(a.shape(i)); }
-
-shrike::DType float_dtype(const Array& a, const char* name) {
-  nb::dlpack::dtype dt = a.dtype();
-  if (dt == nb::dtype<float>()) return shrike::DType::f32;
-  if (dt.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat) && dt.bits == 16 && dt.lanes == 1)
-    return shrike::DType::bf16;
-  throw nb::type_error((std::string("paged_attention: ") + name + " must be float32 or bfloat16").c_str());
-}
+[[noreturn]] void fail(const std::string& message) { throw nb::value_error((kOp + ": " + message).c_str()); }
 
 // Contiguous with exactly `ndim` dimensions.
 void expect_layout(const Array& a, const char* name, size_t ndim) {
@@ -48,7 +23,7 @@ void expect_layout(const Array& a, const char* name, size_t ndim) {
 }
 
 const int32_t* int32_data(const Array& a, const char* name, size_t ndim) {
-  if (a.dtype() != nb::dtype<int32_t>()) throw nb::type_error((std::string("paged_attention: ") + name + " must be int32").c_str());
+  if (a.dtype() != nb::dtype<int32_t>()) throw nb::type_error((kOp + ": " + name + " must be int32").c_str());
   expect_layout(a, name, ndim);
   return static_cast<const int32_t*>(a.data());
 }
@@ -56,10 +31,10 @@ const int32_t* int32_data(const Array& a, const char* name, size_t ndim) {
 void paged_attention(const Array& q, const Array& key_cache, const Array& value_cache, const Array& block_tables,
                      const Array& query_start, const Array& context_lens, int64_t block_size, float scale, Array& out) {
   shrike::PagedAttentionArgs a{};
-  a.q_dtype = float_dtype(q, "q");
-  a.cache_dtype = float_dtype(key_cache, "key_cache");
-  if (float_dtype(value_cache, "value_cache") != a.cache_dtype) fail("key_cache and value_cache must share one dtype");
-  if (float_dtype(out, "out") != a.q_dtype) fail("out must have q's dtype");
+  a.q_dtype = float_dtype(q, kOp, "q");
+  a.cache_dtype = float_dtype(key_cache, kOp, "key_cache");
+  if (float_dtype(value_cache, kOp, "value_cache") != a.cache_dtype) fail("key_cache and value_cache must share one dtype");
+  if (float_dtype(out, kOp, "out") != a.q_dtype) fail("out must have q's dtype");
   expect_layout(q, "q", 3);
   expect_layout(key_cache, "key_cache", 3);
   expect_layout(value_cache, "value_cache", 3);

@@ -4,6 +4,7 @@
 #include "fused/fused.h"
 
 using namespace shrike::bindings;
+using Array = ContiguousArray;
 
 namespace {
 

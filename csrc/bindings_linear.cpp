@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "bindings.h"
+#include "bindings_util.h"
 #include "linear/layout.h"
 #include "linear/linear.h"
 #include "linear/repack.h"
@@ -19,34 +20,14 @@
 #include "runtime/read_bandwidth.h"
 #include "runtime/threadpool.h"
 
-namespace nb = nanobind;
-using Array = nb::ndarray<nb::device::cpu>;
+using namespace shrike::bindings;
+using Array = StridedArray;
 
 namespace {
-
-std::string shape_of(const Array& a) {
-  std::string s = "(";
-  for (size_t i = 0; i < a.ndim(); ++i) s += (i ? ", " : "") + std::to_string(a.shape(i));
-  return s + (a.ndim() == 1 ? ",)" : ")");
-}
-
-bool contiguous(const Array& a) {
-  int64_t expected = 1;
-  for (size_t i = a.ndim(); i-- > 0;) {
-    if (a.shape(i) != 1 && a.stride(i) != expected) return false;
-    expected *= static_cast<int64_t>(a.shape(i));
-  }
-  return true;
-}
 
 template <typename T>
 bool is(const Array& a) {
   return a.dtype() == nb::dtype<T>();
-}
-
-bool is_bf16(const Array& a) {
-  nb::dlpack::dtype dt = a.dtype();
-  return dt.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat) && dt.bits == 16 && dt.lanes == 1;
 }
 
 // Checks dtype (by `ok`), contiguity and the exact shape (-1 = any).
@@ -59,18 +40,15 @@ void expect(const Array& a, const char* name, bool dtype_ok, const char* dtype_t
     std::string want = "(";
     for (size_t i = 0; i < shape.size(); ++i)
       want += (i ? ", " : "") + (shape[i] < 0 ? std::string("*") : std::to_string(shape[i]));
-    throw nb::value_error((std::string(name) + " has shape " + shape_of(a) + ", expected " + want + ")").c_str());
+    throw nb::value_error((std::string(name) + " has shape " + shape_text(a) + ", expected " + want + ")").c_str());
   }
   if (!contiguous(a)) throw nb::value_error((std::string(name) + " must be contiguous").c_str());
 }
 
 shrike::DType float_kind(const Array& a, const char* name) {
-  if (is<float>(a)) return shrike::DType::f32;
-  if (is_bf16(a)) return shrike::DType::bf16;
+  if (std::optional<shrike::DType> dt = float_dtype(a)) return *dt;
   throw nb::type_error((std::string(name) + " must be float32 or bfloat16").c_str());
 }
-
-int64_t dim(const Array& a, size_t i) { return static_cast<int64_t>(a.shape(i)); }
 
 template <typename T>
 const T* ptr(const Array& a) {
@@ -98,7 +76,7 @@ void check_packed(const Array& packed, int64_t bytes) {
 
 void w4a8_linear(const Array& x, const Array& packed, int64_t n, int64_t group, const std::optional<Array>& bias,
                  Array& out) {
-  if (x.ndim() != 2) throw nb::value_error(("x must be 2-D (M, K), got shape " + shape_of(x)).c_str());
+  if (x.ndim() != 2) throw nb::value_error(("x must be 2-D (M, K), got shape " + shape_text(x)).c_str());
   int64_t k = dim(x, 1);
   if (group != 32 && group != 64 && group != 128) throw nb::value_error("group size must be 32, 64 or 128");
   if (k % group) throw nb::value_error(("K=" + std::to_string(k) + " is not a multiple of the group size " + std::to_string(group)).c_str());
@@ -110,7 +88,7 @@ void w4a8_linear(const Array& x, const Array& packed, int64_t n, int64_t group, 
 }
 
 void w8a8_linear(const Array& x, const Array& packed, int64_t n, const std::optional<Array>& bias, Array& out) {
-  if (x.ndim() != 2) throw nb::value_error(("x must be 2-D (M, K), got shape " + shape_of(x)).c_str());
+  if (x.ndim() != 2) throw nb::value_error(("x must be 2-D (M, K), got shape " + shape_text(x)).c_str());
   int64_t k = dim(x, 1);
   if (k % 16) throw nb::value_error(("K=" + std::to_string(k) + " is not a multiple of 16").c_str());
   auto [xt, ot] = check_linear_io(x, k, n, bias, out);
@@ -126,7 +104,7 @@ void check_w4a8_args(int64_t k, int64_t group) {
 }
 
 void w4a8_pack_int8(const Array& w, const Array& scale, int64_t group, Array& packed) {
-  if (w.ndim() != 2) throw nb::value_error(("weight must be 2-D (N, K), got shape " + shape_of(w)).c_str());
+  if (w.ndim() != 2) throw nb::value_error(("weight must be 2-D (N, K), got shape " + shape_text(w)).c_str());
   int64_t n = dim(w, 0), k = dim(w, 1);
   check_w4a8_args(k, group);
   expect(w, "weight", is<int8_t>(w), "int8", {n, k});
@@ -137,7 +115,7 @@ void w4a8_pack_int8(const Array& w, const Array& scale, int64_t group, Array& pa
 }
 
 void w4a8_pack_int32(const Array& w, const Array& scale, int64_t group, Array& packed) {
-  if (w.ndim() != 2) throw nb::value_error(("weight_packed must be 2-D (N, K/8), got shape " + shape_of(w)).c_str());
+  if (w.ndim() != 2) throw nb::value_error(("weight_packed must be 2-D (N, K/8), got shape " + shape_text(w)).c_str());
   int64_t n = dim(w, 0), k = dim(w, 1) * 8;
   check_w4a8_args(k, group);
   expect(w, "weight_packed", is<int32_t>(w), "int32", {n, k / 8});
@@ -157,7 +135,7 @@ void w4a8_unpack(const Array& packed, int64_t n, int64_t k, int64_t group, Array
 }
 
 void w8a8_pack(const Array& w, const Array& scale, Array& packed) {
-  if (w.ndim() != 2) throw nb::value_error(("weight must be 2-D (N, K), got shape " + shape_of(w)).c_str());
+  if (w.ndim() != 2) throw nb::value_error(("weight must be 2-D (N, K), got shape " + shape_text(w)).c_str());
   int64_t n = dim(w, 0), k = dim(w, 1);
   if (k % 16) throw nb::value_error(("K=" + std::to_string(k) + " is not a multiple of 16").c_str());
   expect(w, "weight", is<int8_t>(w), "int8", {n, k});
@@ -178,7 +156,7 @@ void w8a8_unpack(const Array& packed, int64_t n, int64_t k, Array& w, Array& sca
 
 void quantize_asym(const Array& x, int64_t group, Array& q, Array& scale, Array& zero, Array& group_sum) {
   shrike::DType xt = float_kind(x, "x");
-  if (x.ndim() != 2) throw nb::value_error(("x must be 2-D (M, K), got shape " + shape_of(x)).c_str());
+  if (x.ndim() != 2) throw nb::value_error(("x must be 2-D (M, K), got shape " + shape_text(x)).c_str());
   int64_t m = dim(x, 0), k = dim(x, 1);
   expect(x, "x", true, "", {m, k});
   if (group <= 0 || k % group || k % 16) throw nb::value_error("K must be a multiple of 16 and of the group size");
@@ -193,7 +171,7 @@ void quantize_asym(const Array& x, int64_t group, Array& q, Array& scale, Array&
 
 void quantize_sym(const Array& x, Array& q, Array& scale) {
   shrike::DType xt = float_kind(x, "x");
-  if (x.ndim() != 2) throw nb::value_error(("x must be 2-D (M, K), got shape " + shape_of(x)).c_str());
+  if (x.ndim() != 2) throw nb::value_error(("x must be 2-D (M, K), got shape " + shape_text(x)).c_str());
   int64_t m = dim(x, 0), k = dim(x, 1);
   expect(x, "x", true, "", {m, k});
   if (k % 16) throw nb::value_error("K must be a multiple of 16");
