@@ -6,7 +6,7 @@
 # Every variant must match the scalar reference bit for bit. Exits non-zero on any mismatch,
 # on a missing variant, or on a build failure. The attention driver (test_attention_driver) runs
 # on the first and last model and checks within float tolerance instead (exp and sums differ).
-#   bash .ci/arm-kernels.sh            (build dir: $SHRIKE_ARM_BUILD or build/arm-kernels in the checkout)
+#   bash .ci/arm-kernels.sh            (build dir: $SHRIKE_ARM_BUILD, else build/arm-kernels in the checkout)
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
