@@ -38,6 +38,10 @@ SHAPES = {
                      "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64, "vocab_size": 49152,
                      "tie_word_embeddings": True, "rope_theta": 100000.0, "rms_norm_eps": 1e-5,
                      "max_position_embeddings": 8192},
+    # For tests: every W4A8 group size divides its widths, and lm_head is a separate (ignored) layer.
+    "tiny": {"hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 49152, "tie_word_embeddings": False,
+             "rope_theta": 10000.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 2048},
 }
 
 

@@ -133,18 +133,6 @@ class StoredLinear:
     def int8_values(self) -> torch.Tensor:  # (N, K) int8
         return self.values if self.values is not None else unpack_int4(self.packed, self.in_features)
 
-    @staticmethod
-    def fuse(parts: list["StoredLinear"]) -> "StoredLinear":
-        """Concatenate along the output dimension (q/k/v, gate/up)."""
-        if len(parts) == 1:
-            return parts[0]
-        if any(p.packed is None for p in parts):
-            parts = [StoredLinear(p.scheme, p.scale, p.in_features, values=p.int8_values()) for p in parts]
-        first = parts[0]
-        return StoredLinear(first.scheme, torch.cat([p.scale.float() for p in parts]), first.in_features,
-                            values=None if first.values is None else torch.cat([p.values for p in parts]),
-                            packed=None if first.packed is None else torch.cat([p.packed for p in parts]))
-
 
 def _expect(files: CheckpointFiles, name: str, shape: tuple[int, ...], dtypes: tuple[torch.dtype, ...]) -> None:
     if name not in files:
@@ -156,29 +144,37 @@ def _expect(files: CheckpointFiles, name: str, shape: tuple[int, ...], dtypes: t
                           f"{'/'.join(str(d).removeprefix('torch.') for d in dtypes)} {shape}")
 
 
-def read_stored_linear(files: CheckpointFiles, prefix: str, layer: LayerQuantization, out_features: int,
-                       in_features: int) -> StoredLinear:
+def read_stored_linear(files: CheckpointFiles, prefixes: list[str], layer: LayerQuantization,
+                       out_features: list[int], in_features: int) -> StoredLinear:
+    """The layers `prefixes` fused along the output dimension (q/k/v, gate/up), read straight into one buffer."""
     scheme = layer.scheme
-    scheme.check_in_features(in_features, prefix)
-    if f"{prefix}.weight_zero_point" in files:
-        raise _unsupported(f"{prefix}: asymmetric weights (weight_zero_point)")
+    scheme.check_in_features(in_features, prefixes[0])
     groups = in_features // scheme.group_size if scheme.group_size else 1
-    _expect(files, f"{prefix}.weight_scale", (out_features, groups), SCALE_DTYPES)
-    scale = files.read(f"{prefix}.weight_scale")  # (N, K/G) or (N, 1)
-    if layer.format == "pack-quantized":
-        if scheme.weight_bits != 4:
-            raise _unsupported(f"{prefix}: pack-quantized {scheme.weight_bits}-bit weights")
-        _expect(files, f"{prefix}.weight_packed", (out_features, -(-in_features // 8)), (torch.int32,))
-        shape = files.read(f"{prefix}.weight_shape") if f"{prefix}.weight_shape" in files else None
-        if shape is not None and shape.tolist() != [out_features, in_features]:
-            raise ConfigError(f"{prefix}.weight_shape is {shape.tolist()}, config.json implies "
-                              f"{[out_features, in_features]}")
-        return StoredLinear(scheme, scale, in_features, packed=files.read(f"{prefix}.weight_packed"))
-    _expect(files, f"{prefix}.weight", (out_features, in_features), (torch.int8,))
-    values = files.read(f"{prefix}.weight")  # (N, K) int8
-    if scheme.weight_bits == 4 and (values.min() < -8 or values.max() > 7):
-        raise ConfigError(f"{prefix}.weight holds values outside [-8, 7] but its scheme is 4-bit")
-    return StoredLinear(scheme, scale, in_features, values=values)
+    packed = layer.format == "pack-quantized"
+    if packed and scheme.weight_bits != 4:
+        raise _unsupported(f"{prefixes[0]}: pack-quantized {scheme.weight_bits}-bit weights")
+    stored_name, stored_dtype, width = ("weight_packed", torch.int32, -(-in_features // 8)) if packed \
+        else ("weight", torch.int8, in_features)
+    for prefix, n in zip(prefixes, out_features):
+        if f"{prefix}.weight_zero_point" in files:
+            raise _unsupported(f"{prefix}: asymmetric weights (weight_zero_point)")
+        _expect(files, f"{prefix}.weight_scale", (n, groups), SCALE_DTYPES)
+        _expect(files, f"{prefix}.{stored_name}", (n, width), (stored_dtype,))
+        if packed and f"{prefix}.weight_shape" in files:
+            shape = files.read(f"{prefix}.weight_shape").tolist()
+            if shape != [n, in_features]:
+                raise ConfigError(f"{prefix}.weight_shape is {shape}, config.json implies {[n, in_features]}")
+    integers = torch.empty(sum(out_features), width, dtype=stored_dtype)  # (N, K) int8 or (N, K/8) int32
+    rows = 0
+    for prefix, n in zip(prefixes, out_features):
+        files.read_into(f"{prefix}.{stored_name}", integers[rows:rows + n])
+        rows += n
+    if not packed and scheme.weight_bits == 4 and (integers.min() < -8 or integers.max() > 7):
+        raise ConfigError(f"{', '.join(prefixes)}: int-quantized weights hold values outside [-8, 7] "
+                          "but the scheme is 4-bit")
+    scales = [files.read(f"{p}.weight_scale") for p in prefixes]
+    scale = scales[0] if len(scales) == 1 else torch.cat([s.float() for s in scales])  # (N, K/G) or (N, 1)
+    return StoredLinear(scheme, scale, in_features, **{"packed" if packed else "values": integers})
 
 
 def quantization_config(scheme: QuantScheme, fmt: str, ignore: list[str]) -> dict:

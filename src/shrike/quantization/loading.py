@@ -10,7 +10,7 @@ from shrike.layers.linear import DenseLinear
 from shrike.model.config import ModelConfig
 from shrike.model.weights import CheckpointTensors
 from shrike.quantization.backends import select_backend
-from shrike.quantization.compressed_tensors_format import QuantizationPlan, StoredLinear, read_stored_linear
+from shrike.quantization.compressed_tensors_format import QuantizationPlan, read_stored_linear
 from shrike.quantization.repack_cache import RepackCache
 from shrike.quantization.safetensors_io import CheckpointFiles
 
@@ -60,8 +60,7 @@ class QuantizedLinearFactory:
         cached = self.cache.load(name)
         if cached is not None:
             return self.backend.restore(layer.scheme, cached)
-        stored = StoredLinear.fuse([read_stored_linear(self.files, p, layer, n, in_features)
-                                    for p, n in zip(prefixes, out_features)])
+        stored = read_stored_linear(self.files, prefixes, layer, out_features, in_features)
         weight = self.backend.build(stored)
         return self.backend.restore(layer.scheme, self.cache.store(name, weight.tensors()))
 

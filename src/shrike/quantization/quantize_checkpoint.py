@@ -17,6 +17,7 @@ from shrike.quantization.quantizer import quantize_weight
 from shrike.quantization.safetensors_io import (
     DTYPES_BY_CODE, CheckpointFiles, StreamingSafetensorsWriter, TensorSpec)
 from shrike.quantization.schemes import SCHEMES, QuantScheme, scheme_from_name
+from shrike.quantization.smoothing import apply_transform, input_absmax, smoothing_transforms
 
 LINEAR_NAMES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                 "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
@@ -34,6 +35,9 @@ def add_quantize_arguments(p: argparse.ArgumentParser) -> None:
                    help="linear layers kept unquantized: names or 're:' regexes (default: lm_head)")
     p.add_argument("--clip-search", action="store_true",
                    help="search each group's clipping range for the smallest output error (slower)")
+    p.add_argument("--calibration", type=Path, default=None, metavar="TEXT_FILE",
+                   help="text to measure activation ranges on; enables activation smoothing (SmoothQuant), "
+                        "which matters most for W8A8, and weights the clipping search by input magnitudes")
 
 
 def linear_prefixes(config: ModelConfig) -> list[str]:
@@ -41,7 +45,8 @@ def linear_prefixes(config: ModelConfig) -> list[str]:
 
 
 def quantize_checkpoint(src: Path, dst: Path, scheme: QuantScheme, fmt: str = "pack-quantized",
-                        ignore: list[str] = ("lm_head",), clip_search: bool = False, progress: bool = True) -> None:
+                        ignore: list[str] = ("lm_head",), clip_search: bool = False, calibration_text: str | None = None,
+                        progress: bool = True) -> None:
     config = ModelConfig.from_dir(src)
     if config.quantization_config is not None:
         raise ConfigError(f"{src} is already quantized ({config.quantization_config.get('quant_method')}); "
@@ -55,6 +60,14 @@ def quantize_checkpoint(src: Path, dst: Path, scheme: QuantScheme, fmt: str = "p
     targets = [p for p in linear_prefixes(config) if not matches_any(p, list(ignore))]
     for prefix in targets:
         scheme.check_in_features(files.entry(f"{prefix}.weight")["shape"][1], prefix)
+
+    transforms, input_power = {}, {}
+    if calibration_text is not None:
+        maxima = input_absmax(src, calibration_text)
+        transforms = smoothing_transforms(files, config, maxima)
+        # Smoothing divides each channel's activations by the factor its weight column is multiplied by.
+        input_power = {prefix: (maxima[_input_owner(prefix)] / transforms[f"{prefix}.weight"][0]).square()
+                       for prefix in targets}
 
     target_weights = {f"{p}.weight": p for p in targets}
     specs: list[TensorSpec] = []
@@ -76,10 +89,13 @@ def quantize_checkpoint(src: Path, dst: Path, scheme: QuantScheme, fmt: str = "p
     bar = tqdm(total=len(targets), desc=f"Quantizing to {scheme.name}", unit="layer", disable=not progress)
     for kind, name in steps:
         if kind == "copy":
-            writer.write(name, files.read(name))
+            tensor = files.read(name)
+            writer.write(name, apply_transform(tensor, transforms[name]) if name in transforms else tensor)
             continue
         weight = files.read(f"{name}.weight")  # (N, K)
-        values, scales = quantize_weight(weight, scheme, weight.dtype, clip_search)
+        if f"{name}.weight" in transforms:
+            weight = apply_transform(weight, transforms[f"{name}.weight"])
+        values, scales = quantize_weight(weight, scheme, weight.dtype, clip_search, input_power.get(name))
         tensors = [pack_int4(values), scales, torch.tensor(values.shape, dtype=torch.int64)] \
             if fmt == "pack-quantized" else [values, scales]
         for stored_name, tensor in zip(stored_tensor_names(name, fmt), tensors):
@@ -96,7 +112,20 @@ def quantize_checkpoint(src: Path, dst: Path, scheme: QuantScheme, fmt: str = "p
             shutil.copy2(path, dst / path.name)
 
 
+def _input_owner(prefix: str) -> str:
+    """The prefix under which the fused layer reading the same input recorded its activations."""
+    layer, name = prefix.rsplit(".", 1)
+    first = {"k_proj": "q_proj", "v_proj": "q_proj", "up_proj": "gate_proj"}.get(name, name)
+    return f"{layer}.{first}"
+
+
 def run_quantize(args: argparse.Namespace) -> int:
-    quantize_checkpoint(args.src, args.dst, scheme_from_name(args.scheme), args.format, args.ignore, args.clip_search)
+    calibration = None
+    if args.calibration is not None:
+        if not args.calibration.is_file():
+            raise ConfigError(f"--calibration {args.calibration} is not a file")
+        calibration = args.calibration.read_text(encoding="utf-8")
+    quantize_checkpoint(args.src, args.dst, scheme_from_name(args.scheme), args.format, args.ignore, args.clip_search,
+                        calibration)
     print(f"wrote {args.dst}")
     return 0

@@ -17,10 +17,9 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save
 
 from shrike.default_model import cache_dir
-from shrike.quantization.safetensors_io import CheckpointFiles
+from shrike.quantization.safetensors_io import CheckpointFiles, StreamingSafetensorsWriter, TensorSpec
 
 CACHE_LAYOUT_VERSION = 1
 _SAMPLES_PER_FILE = 32
@@ -97,12 +96,16 @@ class RepackCache:
         """Write `name` to the cache and return its tensors memory-mapped from there (as given if unwritable)."""
         if not self.writable:
             return tensors
-        data = save({k: v.contiguous() for k, v in tensors.items()})
         file = f"{name}.safetensors"
         try:
             self.entry.mkdir(parents=True, exist_ok=True)
-            _atomic_write(self.entry / file, data)
-            self.manifest[name] = {"file": file, "size": len(data), "crc32": zlib.crc32(data)}
+            tmp = _temporary(self.entry / file)
+            writer = StreamingSafetensorsWriter(tmp, [TensorSpec(k, v.dtype, tuple(v.shape)) for k, v in tensors.items()])
+            for key, tensor in tensors.items():
+                writer.write(key, tensor)
+            writer.close()
+            os.replace(tmp, self.entry / file)
+            self.manifest[name] = {"file": file, "size": writer.size, "crc32": writer.crc32}
             _atomic_write(self.entry / MANIFEST, json.dumps({"files": self.manifest}, indent=0).encode())
         except OSError as e:
             print(f"shrike: cannot write the repack cache in {self.entry} ({e}); "
@@ -119,9 +122,13 @@ def _open(path: Path) -> dict[str, torch.Tensor]:
         return {k: f.get_tensor(k) for k in f.keys()}
 
 
+def _temporary(path: Path) -> Path:
+    """Written first, then renamed over `path`: other processes see the old file or the new one, never a part."""
+    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+
 def _atomic_write(path: Path, data: bytes) -> None:
-    """Readers (other processes) see the old file or the new one, never a partial write."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = _temporary(path)
     with open(tmp, "wb") as f:
         f.write(data)
     os.replace(tmp, path)

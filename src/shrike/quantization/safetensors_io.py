@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import struct
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,10 +27,7 @@ class TensorSpec:
 
     @property
     def nbytes(self) -> int:
-        count = 1
-        for d in self.shape:
-            count *= d
-        return count * torch.empty((), dtype=self.dtype).element_size()
+        return _count(self.shape) * torch.empty((), dtype=self.dtype).element_size()
 
 
 def read_header(path: Path) -> tuple[dict, int]:
@@ -39,17 +37,25 @@ def read_header(path: Path) -> tuple[dict, int]:
         return json.loads(f.read(length)), 8 + length
 
 
-def read_tensor(path: Path, name: str, header: dict, data_start: int) -> torch.Tensor:
-    """A private copy of one tensor, read with plain file I/O."""
+def read_tensor_into(path: Path, name: str, header: dict, data_start: int, out: torch.Tensor) -> None:
+    """Read one tensor with plain file I/O into `out` (contiguous, of the tensor's dtype and size)."""
     entry = header[name]
     begin, end = entry["data_offsets"]
-    out = torch.empty(tuple(entry["shape"]), dtype=DTYPES_BY_CODE[entry["dtype"]])
+    if not out.is_contiguous() or out.dtype != DTYPES_BY_CODE[entry["dtype"]] or out.numel() != _count(entry["shape"]):
+        raise ValueError(f"cannot read {name!r} ({entry['dtype']} {entry['shape']}) into {out.dtype} {tuple(out.shape)}")
+    if begin == end:
+        return
     with open(path, "rb") as f:
         f.seek(data_start + begin)
-        view = memoryview(out.view(torch.uint8).reshape(-1).numpy()) if out.numel() else memoryview(b"")
-        if f.readinto(view) != end - begin:
+        if f.readinto(memoryview(out.view(torch.uint8).reshape(-1).numpy())) != end - begin:
             raise ValueError(f"{path} is truncated inside tensor {name!r}")
-    return out
+
+
+def _count(shape: list[int]) -> int:
+    count = 1
+    for d in shape:
+        count *= d
+    return count
 
 
 class CheckpointFiles:
@@ -65,15 +71,25 @@ class CheckpointFiles:
     def __contains__(self, name: str) -> bool:
         return name in self._location
 
+    def names(self) -> list[str]:
+        return list(self._location)
+
     def entry(self, name: str) -> dict:
         """The header entry of a tensor: dtype code, shape, data_offsets."""
         path = self._location[name]
         return self.headers[path][0][name]
 
     def read(self, name: str) -> torch.Tensor:
+        """A private copy of one tensor."""
+        entry = self.entry(name)
+        out = torch.empty(tuple(entry["shape"]), dtype=DTYPES_BY_CODE[entry["dtype"]])
+        self.read_into(name, out)
+        return out
+
+    def read_into(self, name: str, out: torch.Tensor) -> None:
         path = self._location[name]
         header, data_start = self.headers[path]
-        return read_tensor(path, name, header, data_start)
+        read_tensor_into(path, name, header, data_start, out)
 
 
 class StreamingSafetensorsWriter:
@@ -90,15 +106,22 @@ class StreamingSafetensorsWriter:
         encoded += b" " * (-len(encoded) % 8)  # the data region starts 8-byte aligned
         self._pending = list(specs)
         self._file = open(path, "wb")
-        self._file.write(struct.pack("<Q", len(encoded)) + encoded)
         self.path = path
+        self.crc32 = 0  # of the bytes written so far, for callers that keep a checksum
+        self.size = 0
+        self._emit(struct.pack("<Q", len(encoded)) + encoded)
+
+    def _emit(self, data) -> None:
+        self._file.write(data)
+        self.crc32 = zlib.crc32(data, self.crc32)
+        self.size += len(data)
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
         spec = self._pending.pop(0)
         if (spec.name, spec.dtype, spec.shape) != (name, tensor.dtype, tuple(tensor.shape)):
             raise ValueError(f"expected {spec} next, got {name} {tensor.dtype} {tuple(tensor.shape)}")
         if tensor.numel():
-            self._file.write(tensor.contiguous().view(torch.uint8).reshape(-1).numpy().data)
+            self._emit(tensor.contiguous().view(torch.uint8).reshape(-1).numpy().data)
 
     def close(self) -> None:
         self._file.close()

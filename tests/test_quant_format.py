@@ -1,0 +1,154 @@
+"""compressed-tensors format: config parsing, int4 packing, and compatibility both ways with the real library."""
+import json
+
+import pytest
+import torch
+from compressed_tensors.compressors import BaseCompressor
+from compressed_tensors.compressors.model_compressors import ModelCompressor
+from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
+from compressed_tensors.quantization import QuantizationConfig
+from compressed_tensors.quantization.quant_scheme import preset_name_to_scheme
+from compressed_tensors.quantization.utils.helpers import calculate_qparams
+from safetensors.torch import save_file
+
+from shrike.errors import ConfigError
+from shrike.eval_ppl import sequence_logits
+from shrike.model.config import ModelConfig
+from shrike.model.loader import load_model
+from shrike.quantization.compressed_tensors_format import QuantizationPlan, pack_int4, unpack_int4
+from shrike.quantization.quantize_checkpoint import linear_prefixes, quantize_checkpoint
+from shrike.quantization.quantizer import dequantize, quantize_weight
+from shrike.quantization.safetensors_io import CheckpointFiles
+from shrike.quantization.schemes import SCHEMES
+from shrike.synth import synthesize
+
+
+@pytest.mark.parametrize("k", [64, 72, 76])
+def test_int4_packing_is_the_library_layout(k):
+    values = torch.randint(-8, 8, (5, k), dtype=torch.int8)
+    assert torch.equal(pack_int4(values), pack_to_int32(values, 4))
+    assert torch.equal(unpack_int4(pack_to_int32(values, 4), k), values)
+
+
+def _config(weights: dict, acts: dict | None = None, **top) -> dict:
+    acts = acts or {"num_bits": 8, "type": "int", "strategy": "token", "symmetric": True, "dynamic": True}
+    return {"quant_method": "compressed-tensors", "format": "pack-quantized", "ignore": ["lm_head"],
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": acts}},
+            **top}
+
+
+W4 = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 128}
+
+
+def test_plan_matches_targets_and_ignore():
+    plan = QuantizationPlan(_config(W4, ignore=["lm_head", "re:.*layers\\.1\\..*"]))
+    assert plan.layer("model.layers.0.self_attn.q_proj").scheme == SCHEMES["w4a8-g128"]
+    assert plan.layer("model.layers.1.mlp.down_proj") is None
+    assert plan.layer("lm_head") is None
+
+
+@pytest.mark.parametrize("config, named", [
+    (_config({**W4, "symmetric": False}), "asymmetric"),
+    (_config({**W4, "group_size": 16}), "group_size 16"),
+    (_config({"num_bits": 8, "type": "float", "strategy": "channel", "symmetric": True}), "float weights"),
+    (_config(W4, {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True}), "input activations"),
+    (_config(W4, quant_method="awq"), "quant_method 'awq'"),
+    (_config(W4, format="marlin-24"), "format 'marlin-24'"),
+])
+def test_unsupported_schemes_name_what_is_supported(config, named):
+    with pytest.raises(ConfigError, match=named) as err:
+        QuantizationPlan(config)
+    assert "int-quantized or pack-quantized" in str(err.value) and "group of 128, 64 or 32" in str(err.value)
+
+
+@pytest.mark.parametrize("name", ["w4a8-g32", "w8a8"])
+def test_round_to_nearest_and_clip_search(name):
+    scheme = SCHEMES[name]
+    gen = torch.Generator().manual_seed(0)
+    weight = (torch.randn(64, 256, generator=gen) * 0.02)
+    weight[3, 5] = 0.5  # an outlier that clipping may trade away
+    weight = weight.bfloat16()
+    plain_q, plain_s = quantize_weight(weight, scheme, torch.bfloat16)
+    clip_q, clip_s = quantize_weight(weight, scheme, torch.bfloat16, clip_search=True)
+    assert plain_s.dtype == torch.bfloat16 and plain_q.dtype == torch.int8
+    assert plain_q.abs().max() <= scheme.max_level and clip_q.min() >= -scheme.max_level - 1
+    dense = weight.float()
+    plain_error = (dequantize(plain_q, plain_s) - dense).square().sum()
+    clip_error = (dequantize(clip_q, clip_s) - dense).square().sum()
+    assert clip_error <= plain_error
+    step = plain_s.float().repeat_interleave(scheme.group_size or 256, dim=1)
+    assert ((dequantize(plain_q, plain_s) - dense).abs() <= step / 2 + 1e-6).all()  # round to nearest
+
+
+@pytest.fixture(scope="module")
+def dense_tiny(tmp_path_factory):
+    path = tmp_path_factory.mktemp("dense") / "tiny"
+    synthesize(path, "tiny", "bf16", progress=False)
+    return path
+
+
+@pytest.mark.parametrize("name, fmt", [("w4a8-g128", "pack-quantized"), ("w8a8", "int-quantized")])
+def test_library_decompresses_what_we_write(dense_tiny, tmp_path, name, fmt):
+    dst = tmp_path / name
+    quantize_checkpoint(dense_tiny, dst, SCHEMES[name], fmt, progress=False)
+    qc = QuantizationConfig.model_validate(json.loads((dst / "config.json").read_text())["quantization_config"])
+    scheme = qc.config_groups["group_0"]
+    compressor = BaseCompressor.load_from_registry(qc.format)
+    ours, source = CheckpointFiles(dst), CheckpointFiles(dense_tiny)
+    for prefix in linear_prefixes(ModelConfig.from_dir(dst)):
+        stored = {n.rsplit(".", 1)[1]: ours.read(n) for n in ours.names() if n.startswith(prefix + ".")}
+        weight = compressor.decompress(stored, scheme)["weight"]  # (N, K) bf16
+        values = stored["weight"] if fmt == "int-quantized" else unpack_int4(stored["weight_packed"], weight.shape[1])
+        assert torch.equal(weight, dequantize(values, stored["weight_scale"]).to(weight.dtype))
+        dense = source.read(f"{prefix}.weight").float()
+        assert (weight.float() - dense).abs().max() <= stored["weight_scale"].float().max()
+
+
+@pytest.mark.parametrize("preset, fmt, group_size", [("W4A8", "int-quantized", 128), ("W4A8", "pack-quantized", 32),
+                                                     ("W8A8", "int-quantized", None)])
+def test_we_load_what_the_library_writes(dense_tiny, tmp_path, monkeypatch, preset, fmt, group_size):
+    monkeypatch.setenv("SHRIKE_CACHE_DIR", str(tmp_path / "cache"))
+    scheme = preset_name_to_scheme(preset, ["Linear"])
+    if group_size:
+        scheme.weights.group_size = group_size
+    compressor = BaseCompressor.load_from_registry(fmt)
+    source = CheckpointFiles(dense_tiny)
+    dst = tmp_path / "ct"
+    dst.mkdir()
+    tensors, expected = {}, {}
+    for name in source.names():
+        prefix = name.removesuffix(".weight")
+        if prefix not in linear_prefixes(ModelConfig.from_dir(dense_tiny)):
+            tensors[name] = source.read(name)
+            continue
+        weight = source.read(name)  # (N, K) bf16
+        grouped = weight.float().reshape(weight.shape[0], -1, group_size or weight.shape[1])
+        scale, zero = calculate_qparams(grouped.amin(-1), grouped.amax(-1), scheme.weights)
+        compressed = compressor.compress({"weight": weight, "weight_scale": scale.bfloat16(),
+                                          "weight_zero_point": zero}, scheme)
+        tensors.update({f"{prefix}.{k}": v for k, v in compressed.items()})
+        expected[prefix] = compressor.decompress(compressed, scheme)["weight"]
+    save_file(tensors, str(dst / "model.safetensors"))
+    for file in dense_tiny.iterdir():
+        if file.suffix != ".safetensors":
+            (dst / file.name).write_bytes(file.read_bytes())
+    qc = QuantizationConfig(config_groups={"group_0": scheme}, ignore=["lm_head"], format=fmt)
+    ModelCompressor(quantization_config=qc).update_config(str(dst))
+
+    reference = load_model(str(dst), progress=False, kernel_backend="reference")
+    for i, layer in enumerate(reference.model.layers):
+        p = f"model.layers.{i}"
+        fused = {layer.qkv_proj: ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
+                 layer.o_proj: ["self_attn.o_proj"], layer.gate_up_proj: ["mlp.gate_proj", "mlp.up_proj"],
+                 layer.down_proj: ["mlp.down_proj"]}
+        for linear, names in fused.items():
+            weight = linear.weight
+            ours = dequantize(weight.values, weight.scale.reshape(weight.values.shape[0], -1))  # (N, K) fp32
+            library = torch.cat([expected[f"{p}.{name}"] for name in names])
+            assert torch.equal(ours.to(library.dtype), library)
+    assert torch.equal(reference.model.lm_head, source.read("lm_head.weight"))  # ignored: stays bf16
+    kernel = load_model(str(dst), progress=False)
+    ids = list(range(100, 140))
+    logits = sequence_logits(kernel.model, ids)
+    assert torch.isfinite(logits).all()
+    assert torch.equal(logits, sequence_logits(reference.model, ids))
