@@ -59,5 +59,5 @@ NB_MODULE(_C, m) {
   bind_linear(m);
   bind_attention(m);
   bind_fused(m);
-  m.def("rmsnorm", &rmsnorm, nb::arg("x"), nb::arg("weight"), nb::arg("out"), nb::arg("eps"));
+  m.def("rmsnorm", &rmsnorm, nb::arg("x"), nb::arg("weight"), nb::arg("out").noconvert(), nb::arg("eps"));
 }

@@ -83,7 +83,7 @@ void paged_attention(const Array& q, const Array& key_cache, const Array& value_
 void bind_attention(nb::module_& m) {
   m.def("paged_attention", &paged_attention, nb::arg("q"), nb::arg("key_cache"), nb::arg("value_cache"),
         nb::arg("block_tables"), nb::arg("query_start"), nb::arg("context_lens"), nb::arg("block_size"), nb::arg("scale"),
-        nb::arg("out"),
+        nb::arg("out").noconvert(),
         "Causal attention of q (T, H, D) over a paged KV cache (S, Hkv, D), written to out (T, H, D); "
         "see csrc/attention/attention.h.");
 }

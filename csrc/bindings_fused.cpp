@@ -69,10 +69,10 @@ void rope_write_kv(const Array& qkv, const Array& cos, const Array& sin, const A
 }  // namespace
 
 void bind_fused(nb::module_& m) {
-  m.def("add_rmsnorm", &add_rmsnorm, nb::arg("x"), nb::arg("residual"), nb::arg("weight"), nb::arg("out"),
+  m.def("add_rmsnorm", &add_rmsnorm, nb::arg("x"), nb::arg("residual").noconvert(), nb::arg("weight"), nb::arg("out").noconvert(),
         nb::arg("eps"), "residual += x; out = rmsnorm(residual) * weight.");
-  m.def("silu_mul", &silu_mul, nb::arg("gate_up"), nb::arg("out"), "out = silu(gate) * up for gate_up = [gate | up].");
+  m.def("silu_mul", &silu_mul, nb::arg("gate_up"), nb::arg("out").noconvert(), "out = silu(gate) * up for gate_up = [gate | up].");
   m.def("rope_write_kv", &rope_write_kv, nb::arg("qkv"), nb::arg("cos"), nb::arg("sin"), nb::arg("slot_mapping"),
-        nb::arg("q_out"), nb::arg("key_cache"), nb::arg("value_cache"),
+        nb::arg("q_out").noconvert(), nb::arg("key_cache").noconvert(), nb::arg("value_cache").noconvert(),
         "Rotate q and k (rotate-half RoPE), write q to q_out and k, v into the caches at slot_mapping.");
 }

@@ -198,16 +198,16 @@ void set_threads(int n, const std::vector<int>& cpus) {
 void bind_linear(nb::module_& m) {
   m.def("w4a8_packed_bytes", &shrike::w4a8_packed_bytes, nb::arg("n"), nb::arg("k"), nb::arg("group"));
   m.def("w8a8_packed_bytes", &shrike::w8a8_packed_bytes, nb::arg("n"), nb::arg("k"));
-  m.def("w4a8_pack_int8", &w4a8_pack_int8, nb::arg("weight"), nb::arg("scale"), nb::arg("group"), nb::arg("out"));
-  m.def("w4a8_pack_int32", &w4a8_pack_int32, nb::arg("weight_packed"), nb::arg("scale"), nb::arg("group"), nb::arg("out"));
+  m.def("w4a8_pack_int8", &w4a8_pack_int8, nb::arg("weight"), nb::arg("scale"), nb::arg("group"), nb::arg("out").noconvert());
+  m.def("w4a8_pack_int32", &w4a8_pack_int32, nb::arg("weight_packed"), nb::arg("scale"), nb::arg("group"), nb::arg("out").noconvert());
   m.def("w4a8_unpack", &w4a8_unpack, nb::arg("packed"), nb::arg("n"), nb::arg("k"), nb::arg("group"), nb::arg("weight"),
         nb::arg("scale"));
-  m.def("w8a8_pack", &w8a8_pack, nb::arg("weight"), nb::arg("scale"), nb::arg("out"));
+  m.def("w8a8_pack", &w8a8_pack, nb::arg("weight"), nb::arg("scale"), nb::arg("out").noconvert());
   m.def("w8a8_unpack", &w8a8_unpack, nb::arg("packed"), nb::arg("n"), nb::arg("k"), nb::arg("weight"), nb::arg("scale"));
   m.def("w4a8_linear", &w4a8_linear, nb::arg("x"), nb::arg("packed"), nb::arg("n"), nb::arg("group"),
-        nb::arg("bias").none(), nb::arg("out"));
+        nb::arg("bias").none(), nb::arg("out").noconvert());
   m.def("w8a8_linear", &w8a8_linear, nb::arg("x"), nb::arg("packed"), nb::arg("n"), nb::arg("bias").none(),
-        nb::arg("out"));
+        nb::arg("out").noconvert());
   m.def("quantize_asym", &quantize_asym, nb::arg("x"), nb::arg("group"), nb::arg("q"), nb::arg("scale"),
         nb::arg("zero"), nb::arg("group_sum"));
   m.def("quantize_sym", &quantize_sym, nb::arg("x"), nb::arg("q"), nb::arg("scale"));

@@ -70,3 +70,12 @@ def test_rope_write_kv_rejects_a_slot_outside_the_cache():
     with pytest.raises(ValueError, match="slot out of the cache's range"):
         _C.rope_write_kv(qkv, torch.ones(1, 8), torch.zeros(1, 8), torch.tensor([4]), torch.empty(1, 2, 8), cache,
                          cache.clone())
+
+
+def test_outputs_are_never_silently_copied():
+    """A non-contiguous output would be converted into a temporary copy and the result lost: refuse it."""
+    x, weight = torch.randn(4, 8), torch.randn(8)
+    with pytest.raises(TypeError):
+        _C.rmsnorm(x, weight, torch.empty(8, 4).t(), 1e-5)
+    with pytest.raises(TypeError):
+        _C.add_rmsnorm(x, torch.empty(8, 4).t(), weight, torch.empty_like(x), 1e-5)
