@@ -269,7 +269,7 @@ class Client:
         return elapsed, response.json()["usage"]
 
     async def stream(self, prompt: str, max_tokens: int) -> tuple[float, list[float], dict | None]:
-        """Start time, arrival time of each token event, and the usage if the server reports it."""
+        """Start time, arrival time of each event carrying text, and the usage if the server reports it."""
         start = time.perf_counter()
         arrivals, usage = [], None
         async with self.http.stream("POST", f"{self.server.base_url}/v1/completions",
@@ -279,7 +279,8 @@ class Client:
                 if not line.startswith("data:") or line[5:].strip() == "[DONE]":
                     continue
                 event = json.loads(line[5:])
-                if event.get("choices"):
+                # Only text counts: some servers open or close a stream with empty events
+                if any(choice.get("text") for choice in event.get("choices") or []):
                     arrivals.append(time.perf_counter())
                 usage = event.get("usage") or usage
         return start, arrivals, usage
@@ -292,6 +293,9 @@ class SessionResult:
     round: int
     bandwidth_before_gbs: float
     bandwidth_after_gbs: float = 0.0
+    # Other work on the machine skews every number: the 1-minute load average, before and after
+    load_before: float = field(default_factory=lambda: os.getloadavg()[0])
+    load_after: float = 0.0
     start_to_ready_s: float = 0.0
     prefill_tok_s: list[float] = field(default_factory=list)
     prefill_prompt_tokens: list[int] = field(default_factory=list)
@@ -360,6 +364,7 @@ async def run_session(setup: EngineSetup, round_index: int, prompts: PromptMaker
         finally:
             server.stop()
     result.bandwidth_after_gbs = bandwidth.gb_per_s(threads)
+    result.load_after = os.getloadavg()[0]
     return result
 
 
@@ -444,8 +449,10 @@ def shrike_model_dir(source: ModelSource, scheme: str, work_dir: Path) -> Path:
         return source.bf16_dir
     target = work_dir / f"{source.name}-{scheme}"
     if not (target / "config.json").is_file():
+        # int8 weights are stored one per byte; only int4 ones pack into words
+        storage = "int-quantized" if scheme == "w8a8" else "pack-quantized"
         _run_checked([sys.executable, "-m", "shrike.cli", "quantize", str(source.bf16_dir), str(target),
-                      "--scheme", scheme])
+                      "--scheme", scheme, "--format", storage])
     return target
 
 
@@ -647,7 +654,8 @@ def run_format(setups: list[EngineSetup], load: Workload, prompts: PromptMaker, 
             sessions[setup.label].append(session)
             print(f"  ready {session.start_to_ready_s:.2f} s, decode {statistics.median(session.decode_tok_s):.1f} "
                   f"tok/s, 16 streams {statistics.median(session.streams_tok_s.get(16, [0])):.1f} tok/s, "
-                  f"bandwidth {session.bandwidth_before_gbs:.1f}->{session.bandwidth_after_gbs:.1f} GB/s",
+                  f"bandwidth {session.bandwidth_before_gbs:.1f}->{session.bandwidth_after_gbs:.1f} GB/s, "
+                  f"load {session.load_before:.1f}->{session.load_after:.1f}",
                   flush=True)
     return sessions
 
@@ -713,7 +721,11 @@ def machine_facts() -> dict:
                 if line.startswith("model name")), platform.processor())
     commit = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
-    return {"cpu": cpu, "cpus": os.cpu_count(), "python": platform.python_version(), "shrike_commit": commit}
+    # Others edit the same checkout: Shrike runs whatever the work tree holds, which may differ from the commit
+    changed = subprocess.run(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no"],
+                             capture_output=True, text=True).stdout.split("\n")
+    return {"cpu": cpu, "cpus": os.cpu_count(), "python": platform.python_version(), "shrike_commit": commit,
+            "shrike_files_changed_since_commit": sorted(line[3:] for line in changed if line.strip())}
 
 
 if __name__ == "__main__":
