@@ -1,6 +1,8 @@
 """Linear layers of a compressed-tensors checkpoint: quantized GEMMs, or dense for ignored layers."""
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 from pathlib import Path
 
 import torch
@@ -13,6 +15,20 @@ from shrike.quantization.backends import select_backend
 from shrike.quantization.compressed_tensors_format import QuantizationPlan, read_stored_linear
 from shrike.quantization.repack_cache import RepackCache
 from shrike.quantization.safetensors_io import CheckpointFiles
+
+
+def _glibc():
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return libc if hasattr(libc, "malloc_trim") else None
+    except OSError:
+        return None
+
+
+_LIBC = _glibc()
+# Trimming walks the heap and later buffers fault in fresh pages: often enough to bound what stays
+# resident after a cold start, rarely enough to cost little.
+_TRIM_EVERY_BYTES = 128 << 20
 
 
 class QuantizedLinear:
@@ -37,6 +53,7 @@ class QuantizedLinearFactory:
         self.backend = select_backend(kernel_backend)
         self.files = CheckpointFiles(model_dir)
         self.cache = RepackCache(self.files, self.backend.variant)
+        self._freed_bytes = 0  # checkpoint buffers freed since memory was last returned to the OS
 
     @property
     def description(self) -> str:
@@ -62,7 +79,23 @@ class QuantizedLinearFactory:
             return self.backend.restore(layer.scheme, cached)
         stored = read_stored_linear(self.files, prefixes, layer, out_features, in_features)
         weight = self.backend.build(stored)
-        return self.backend.restore(layer.scheme, self.cache.store(name, weight.tensors()))
+        weight = self.backend.restore(layer.scheme, self.cache.store(name, weight.tensors()))
+        self._freed_bytes += sum(t.numel() * t.element_size() for t in (stored.values, stored.packed) if t is not None)
+        del stored
+        if self._freed_bytes >= _TRIM_EVERY_BYTES:
+            _return_freed_memory()
+            self._freed_bytes = 0
+        return weight
+
+
+def _return_freed_memory() -> None:
+    """Give the freed checkpoint and repacking buffers back to the OS.
+
+    glibc serves buffers below its (adaptive, up to 32 MiB) mmap threshold from the heap and keeps
+    them after free, so a cold start would otherwise end with every layer's temporaries resident.
+    """
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
 
 
 def quantized_linear_factory(config: ModelConfig, model_dir: Path, dtype: torch.dtype,
