@@ -97,10 +97,3 @@ def _return_freed_memory() -> None:
     if _LIBC is not None:
         _LIBC.malloc_trim(0)
 
-
-def quantized_linear_factory(config: ModelConfig, model_dir: Path, dtype: torch.dtype,
-                             kernel_backend: str) -> QuantizedLinearFactory | None:
-    """None for an unquantized checkpoint (CausalLM then builds dense layers)."""
-    if config.quantization_config is None:
-        return None
-    return QuantizedLinearFactory(config, model_dir, dtype, kernel_backend)
