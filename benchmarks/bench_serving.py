@@ -114,6 +114,74 @@ class ReadBandwidth:
         return [self._array[i * step:(i + 1) * step] for i in range(parts)]
 
 
+# ---------------------------------------------------------------- other work on the machine
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds all cores spent not idle since boot."""
+    ticks = [int(value) for value in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    idle = ticks[3] + ticks[4]  # idle, iowait
+    return (sum(ticks) - idle) / CLOCK_TICKS
+
+
+def process_tree_cpu_seconds(root_pid: int) -> float:
+    """CPU seconds of a process and all its descendants (vLLM and others fork workers)."""
+    children: dict[int, list[int]] = {}
+    seconds: dict[int, float] = {}
+    for stat_file in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat_file.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # the process ended while we looked
+        pid = int(stat_file.parent.name)
+        children.setdefault(int(fields[1]), []).append(pid)
+        seconds[pid] = sum(int(value) for value in fields[11:15]) / CLOCK_TICKS  # utime stime cutime cstime
+    total, pending = 0.0, [root_pid]
+    while pending:
+        pid = pending.pop()
+        total += seconds.get(pid, 0.0)
+        pending += children.get(pid, [])
+    return total
+
+
+@dataclass(frozen=True)
+class CpuUsage:
+    wall: float
+    machine_busy: float
+    this_process: float
+
+    @staticmethod
+    def now() -> CpuUsage:
+        return CpuUsage(time.perf_counter(), machine_busy_seconds(), time.process_time())
+
+    def other_cores_since(self, server_pid: int | None = None) -> float:
+        """Cores kept busy since this reading by processes other than this one and the server's tree."""
+        later = CpuUsage.now()
+        ours = later.this_process - self.this_process
+        ours += process_tree_cpu_seconds(server_pid) if server_pid else 0.0
+        return max(0.0, later.machine_busy - self.machine_busy - ours) / (later.wall - self.wall)
+
+
+@dataclass(frozen=True)
+class QuietMachine:
+    """Waits, up to a limit, until other processes use at most max_cores before a session starts."""
+    max_cores: float
+    timeout_s: float
+
+    def wait(self) -> float:
+        deadline = time.perf_counter() + self.timeout_s
+        while True:
+            start = CpuUsage.now()
+            time.sleep(1.0)
+            busy = start.other_cores_since()
+            if busy <= self.max_cores or time.perf_counter() > deadline:
+                return busy
+            print(f"  waiting: other processes keep {busy:.2f} cores busy", flush=True)
+            time.sleep(9.0)
+
+
 # ---------------------------------------------------------------- prompts
 
 class PromptMaker:
@@ -293,9 +361,9 @@ class SessionResult:
     round: int
     bandwidth_before_gbs: float
     bandwidth_after_gbs: float = 0.0
-    # Other work on the machine skews every number: the 1-minute load average, before and after
-    load_before: float = field(default_factory=lambda: os.getloadavg()[0])
-    load_after: float = 0.0
+    # Other work on the machine skews every number: cores it kept busy just before and during the session
+    other_cores_before: float = 0.0
+    other_cores_during: float = 0.0
     start_to_ready_s: float = 0.0
     prefill_tok_s: list[float] = field(default_factory=list)
     prefill_prompt_tokens: list[int] = field(default_factory=list)
@@ -346,12 +414,14 @@ def _check_length(result: SessionResult, what: str, generated: int, expected: in
 
 
 async def run_session(setup: EngineSetup, round_index: int, prompts: PromptMaker, load: Workload,
-                      bandwidth: ReadBandwidth, threads: int, log_dir: Path) -> SessionResult:
+                      bandwidth: ReadBandwidth, threads: int, log_dir: Path, quiet: QuietMachine) -> SessionResult:
     import httpx
-    result = SessionResult(setup.label, round_index, bandwidth.gb_per_s(threads))
+    other_cores_before = quiet.wait()
+    result = SessionResult(setup.label, round_index, bandwidth.gb_per_s(threads), other_cores_before=other_cores_before)
     log_path = log_dir / f"{setup.label.replace(' ', '_')}-round{round_index}.log"
     limits = httpx.Limits(max_connections=MAX_CONCURRENCY * 2)
     async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S, limits=limits) as http:
+        usage_at_start = CpuUsage.now()
         server = RunningServer(setup, free_port(), log_path)
         try:
             result.start_to_ready_s = await server.wait_ready(http)
@@ -361,10 +431,10 @@ async def run_session(setup: EngineSetup, round_index: int, prompts: PromptMaker
             await measure_ttft(client, prompts, load, result)
             await measure_decode(client, prompts, load, result)
             await measure_streams(client, prompts, load, result)
+            result.other_cores_during = usage_at_start.other_cores_since(server.process.pid)
         finally:
             server.stop()
     result.bandwidth_after_gbs = bandwidth.gb_per_s(threads)
-    result.load_after = os.getloadavg()[0]
     return result
 
 
@@ -530,6 +600,7 @@ def summarize(setup: EngineSetup, sessions: list[SessionResult]) -> dict:
         "streams_tok_s": {str(count): median_or_none([v for s in sessions for v in s.streams_tok_s.get(count, [])])
                           for count in counts},
         "length_mismatches": sorted({m for s in sessions for m in s.length_mismatches}),
+        "other_processes_cores_during": median_or_none([s.other_cores_during for s in sessions]),
         "sessions": [asdict(s) for s in sessions],
     }
 
@@ -537,7 +608,7 @@ def summarize(setup: EngineSetup, sessions: list[SessionResult]) -> dict:
 def print_table(results: dict) -> None:
     columns = ["engine", "start s", "prefill tok/s", "TTFT ms", "decode tok/s", "of BW limit"]
     counts = sorted({int(c) for fmt in results["formats"].values() for e in fmt.values() for c in e["streams_tok_s"]})
-    columns += [f"{count} str tok/s" for count in counts]
+    columns += [f"{count} str tok/s" for count in counts] + ["others' cores"]
     print(" | ".join(columns))
     for fmt, engines in results["formats"].items():
         for label, summary in engines.items():
@@ -546,6 +617,7 @@ def print_table(results: dict) -> None:
                    _fmt(summary["decode_fraction_of_bandwidth_limit"] and
                         summary["decode_fraction_of_bandwidth_limit"] * 100, 0) + "%"]
             row += [_fmt(summary["streams_tok_s"].get(str(count)), 1) for count in counts]
+            row.append(_fmt(summary["other_processes_cores_during"], 2))
             print(" | ".join(row))
 
 
@@ -610,6 +682,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, default=2, help="threads every engine computes with (default: 2)")
     parser.add_argument("--gguf-16bit", default="BF16", choices=["BF16", "F16"],
                         help="llama.cpp's type for the bf16 pair (default: BF16, the exact weights)")
+    parser.add_argument("--quiet-cores", type=float, default=0.3,
+                        help="before each session, wait until other processes use at most this many cores "
+                             "(default: 0.3); two-thread engines stall when a core is taken")
+    parser.add_argument("--quiet-timeout", type=float, default=120,
+                        help="seconds to wait for that before measuring anyway (default: 120)")
     parser.add_argument("--peers-dir", type=Path, default=Path("/work/peers"))
     parser.add_argument("--llama-server", type=Path, default=None, help="default: PEERS/llama-build/bin/llama-server")
     parser.add_argument("--llama-quantize", type=Path, default=None,
@@ -643,19 +720,20 @@ def check_peers_present(setups: list[EngineSetup]) -> list[EngineSetup]:
 
 
 def run_format(setups: list[EngineSetup], load: Workload, prompts: PromptMaker, bandwidth: ReadBandwidth,
-               threads: int, log_dir: Path) -> dict[str, list[SessionResult]]:
+               threads: int, log_dir: Path, quiet: QuietMachine) -> dict[str, list[SessionResult]]:
     """Every engine once per round, the starting engine rotating so none always runs first."""
     sessions: dict[str, list[SessionResult]] = {s.label: [] for s in setups}
     for round_index in range(load.rounds):
         shift = round_index % len(setups)
         for setup in setups[shift:] + setups[:shift]:
             print(f"round {round_index + 1}/{load.rounds}: {setup.label}", flush=True)
-            session = asyncio.run(run_session(setup, round_index, prompts, load, bandwidth, threads, log_dir))
+            session = asyncio.run(run_session(setup, round_index, prompts, load, bandwidth, threads, log_dir,
+                                              quiet))
             sessions[setup.label].append(session)
             print(f"  ready {session.start_to_ready_s:.2f} s, decode {statistics.median(session.decode_tok_s):.1f} "
                   f"tok/s, 16 streams {statistics.median(session.streams_tok_s.get(16, [0])):.1f} tok/s, "
                   f"bandwidth {session.bandwidth_before_gbs:.1f}->{session.bandwidth_after_gbs:.1f} GB/s, "
-                  f"load {session.load_before:.1f}->{session.load_after:.1f}",
+                  f"other processes {session.other_cores_before:.2f}->{session.other_cores_during:.2f} cores",
                   flush=True)
     return sessions
 
@@ -700,7 +778,8 @@ def run_benchmark(args: argparse.Namespace, argv: list[str] | None) -> int:
     for fmt in formats:
         setups, skipped = engine_setups(args, source, fmt, peers, prompts)
         results["skipped"] += skipped
-        sessions = run_format(check_peers_present(setups), load, prompts, bandwidth, args.threads, log_dir)
+        sessions = run_format(check_peers_present(setups), load, prompts, bandwidth, args.threads, log_dir,
+                              QuietMachine(args.quiet_cores, args.quiet_timeout))
         results["formats"][fmt] = {setup.label: summarize(setup, sessions[setup.label])
                                    for setup in setups if sessions.get(setup.label)}
     results["server_logs"] = str(log_dir)
