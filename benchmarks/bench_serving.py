@@ -23,6 +23,7 @@ import json
 import os
 import platform
 import random
+import shutil
 import signal
 import socket
 import statistics
@@ -506,9 +507,12 @@ def model_source(name: str, work_dir: Path) -> ModelSource:
         return ModelSource("smollm2-135m", default_model_dir())
     if name == "minicpm5-2b":
         target = work_dir / "minicpm5-2b-synth-bf16"
-        if not (target / "config.json").is_file():
+        if not target.is_dir():
+            staging = _staging_path(target)
+            shutil.rmtree(staging, ignore_errors=True)
             _run_checked([sys.executable, "-m", "shrike.cli", "synth", "--like", "minicpm5-2b",
-                          "--scheme", "bf16", str(target)])
+                          "--scheme", "bf16", str(staging)])
+            staging.rename(target)
         return ModelSource("minicpm5-2b", target)
     raise SystemExit(f"unknown model {name!r}; choose smollm2 or minicpm5-2b")
 
@@ -518,12 +522,20 @@ def shrike_model_dir(source: ModelSource, scheme: str, work_dir: Path) -> Path:
     if scheme == "bf16":
         return source.bf16_dir
     target = work_dir / f"{source.name}-{scheme}"
-    if not (target / "config.json").is_file():
+    if not target.is_dir():
         # int8 weights are stored one per byte; only int4 ones pack into words
         storage = "int-quantized" if scheme == "w8a8" else "pack-quantized"
-        _run_checked([sys.executable, "-m", "shrike.cli", "quantize", str(source.bf16_dir), str(target),
+        staging = _staging_path(target)
+        shutil.rmtree(staging, ignore_errors=True)
+        _run_checked([sys.executable, "-m", "shrike.cli", "quantize", str(source.bf16_dir), str(staging),
                       "--scheme", scheme, "--format", storage])
+        staging.rename(target)
     return target
+
+
+def _staging_path(target: Path) -> Path:
+    """Where a model is made before it takes its name: an interrupted run never leaves a half-written one."""
+    return target.with_name(".partial-" + target.name)
 
 
 def gguf_file(source: ModelSource, gguf_type: str, peers: PeerPaths) -> Path:
@@ -531,12 +543,14 @@ def gguf_file(source: ModelSource, gguf_type: str, peers: PeerPaths) -> Path:
     target = peers.work_dir / f"{source.name}-{gguf_type.lower()}.gguf"
     if target.is_file():
         return target
+    staging = _staging_path(target)
     if gguf_type in ("BF16", "F16"):
         from export_gguf import export
-        export(source.bf16_dir, target, gguf_type.lower())
+        export(source.bf16_dir, staging, gguf_type.lower())
     else:
         exported = gguf_file(source, "BF16", peers)
-        _run_checked([str(peers.llama_quantize), str(exported), str(target), gguf_type])
+        _run_checked([str(peers.llama_quantize), str(exported), str(staging), gguf_type])
+    staging.rename(target)
     return target
 
 
