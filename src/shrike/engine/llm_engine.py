@@ -139,6 +139,8 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         batch = self.scheduler.schedule()
         if not batch:
+            if self.scheduler.waiting and not self.scheduler.running:
+                raise RuntimeError("the scheduler cannot admit any waiting sequence although nothing runs")
             return []
         lengths_before = {id(item.seq): item.seq.num_tokens for item in batch}
         self.runner.step(batch)

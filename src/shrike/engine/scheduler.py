@@ -59,6 +59,8 @@ class Scheduler:
             self.block_manager.reuse_cached_prefix(seq)
             num_tokens = min(seq.num_uncomputed_tokens, budget)
             if not self.block_manager.can_grow(seq, num_tokens):
+                # A waiting sequence must hold no blocks, or two of them can starve each other.
+                self.block_manager.release(seq)
                 break
             self.waiting.popleft()
             self.block_manager.grow(seq, num_tokens)
