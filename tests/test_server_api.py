@@ -299,6 +299,18 @@ def test_metrics_count_tokens_requests_and_latency(client, http):
     assert 'shrike:time_to_first_token_seconds_bucket{model_name="shrike-test",le="+Inf"}' in text
 
 
+def test_repeated_prompt_is_served_from_the_prefix_cache(client, http):
+    messages = [{"role": "system", "content": "You are a terse assistant. Answer with one word only, please."},
+                {"role": "user", "content": "Name a colour of the sky on a clear day."}]
+    client.chat.completions.create(model=SERVED_NAME, messages=messages, max_tokens=2, temperature=0)
+    before = metrics(http)
+    response = client.chat.completions.create(model=SERVED_NAME, messages=messages, max_tokens=2, temperature=0)
+    after = metrics(http)
+    hits = after["shrike:prefix_cache_hits_total"] - before["shrike:prefix_cache_hits_total"]
+    assert hits >= response.usage.prompt_tokens - 2 * 16  # all but the last partial block or two
+    assert after["shrike:prefix_cache_queries_total"] > before["shrike:prefix_cache_queries_total"]
+
+
 def test_api_key_guards_v1_but_not_health(server):
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": API_KEY}):
         response = httpx.get(f"{server.base_url}/v1/models", headers=headers)

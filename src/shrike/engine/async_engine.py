@@ -43,6 +43,8 @@ class EngineLoad:
     waiting_requests: int = 0
     kv_cache_usage: float = 0.0  # fraction of KV blocks in use
     num_preemptions: int = 0
+    prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache
+    prefix_cache_hits: int = 0  # of those, tokens found cached
 
 
 class GenerationObserver:
@@ -306,9 +308,8 @@ class AsyncEngine:
         scheduler, blocks = self.engine.scheduler, self.engine.block_manager
         running = {seq.request_id for seq in scheduler.running}
         waiting = {seq.request_id for seq in scheduler.waiting} - running
-        used = blocks.num_blocks - blocks.num_free_blocks
-        return EngineLoad(len(running), len(waiting), used / blocks.num_blocks if blocks.num_blocks else 0.0,
-                          scheduler.num_preemptions)
+        return EngineLoad(len(running), len(waiting), blocks.usage, scheduler.num_preemptions,
+                          blocks.prefix_queries, blocks.prefix_hits)
 
     def _call_loop(self, callback, *args) -> None:
         try:

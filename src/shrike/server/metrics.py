@@ -95,6 +95,10 @@ class ServerMetrics(GenerationObserver):
                [sample("shrike:kv_cache_usage_perc", load.kv_cache_usage)])
         family("shrike:num_preemptions_total", "counter", "Sequences preempted for lack of KV-cache blocks.",
                [sample("shrike:num_preemptions_total", load.num_preemptions)])
+        family("shrike:prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache.",
+               [sample("shrike:prefix_cache_queries_total", load.prefix_cache_queries)])
+        family("shrike:prefix_cache_hits_total", "counter", "Prompt tokens served from the prefix cache.",
+               [sample("shrike:prefix_cache_hits_total", load.prefix_cache_hits)])
         family("shrike:prompt_tokens_total", "counter", "Prompt tokens of admitted requests.",
                [sample("shrike:prompt_tokens_total", self.prompt_tokens)])
         family("shrike:generation_tokens_total", "counter", "Generated tokens.",
