@@ -372,6 +372,7 @@ class SessionResult:
     decode_tok_s: list[float] = field(default_factory=list)
     streams_tok_s: dict[int, list[float]] = field(default_factory=dict)
     length_mismatches: list[str] = field(default_factory=list)
+    timed_out: bool = False
 
 
 async def measure_prefill(client: Client, prompts: PromptMaker, load: Workload, result: SessionResult) -> None:
@@ -414,8 +415,17 @@ def _check_length(result: SessionResult, what: str, generated: int, expected: in
         result.length_mismatches.append(f"{what}: {generated} tokens instead of {expected}")
 
 
+async def measure_all(client: Client, prompts: PromptMaker, load: Workload, result: SessionResult) -> None:
+    await client.complete(prompts.make(load.prefill_prompt_tokens), 8)  # first-request set-up, unmeasured
+    await measure_prefill(client, prompts, load, result)
+    await measure_ttft(client, prompts, load, result)
+    await measure_decode(client, prompts, load, result)
+    await measure_streams(client, prompts, load, result)
+
+
 async def run_session(setup: EngineSetup, round_index: int, prompts: PromptMaker, load: Workload,
-                      bandwidth: ReadBandwidth, threads: int, log_dir: Path, quiet: QuietMachine) -> SessionResult:
+                      bandwidth: ReadBandwidth, threads: int, log_dir: Path, quiet: QuietMachine,
+                      session_timeout_s: float) -> SessionResult:
     import httpx
     other_cores_before = quiet.wait()
     result = SessionResult(setup.label, round_index, bandwidth.gb_per_s(threads), other_cores_before=other_cores_before)
@@ -426,12 +436,11 @@ async def run_session(setup: EngineSetup, round_index: int, prompts: PromptMaker
         server = RunningServer(setup, free_port(), log_path)
         try:
             result.start_to_ready_s = await server.wait_ready(http)
-            client = Client(http, server)
-            await client.complete(prompts.make(load.prefill_prompt_tokens), 8)  # first-request set-up, unmeasured
-            await measure_prefill(client, prompts, load, result)
-            await measure_ttft(client, prompts, load, result)
-            await measure_decode(client, prompts, load, result)
-            await measure_streams(client, prompts, load, result)
+            try:
+                await asyncio.wait_for(measure_all(Client(http, server), prompts, load, result), session_timeout_s)
+            except asyncio.TimeoutError:
+                # A starved engine can slow down a hundredfold; what it measured so far is kept
+                result.timed_out = True
             result.other_cores_during = usage_at_start.other_cores_since(server.process.pid)
         finally:
             server.stop()
@@ -599,7 +608,7 @@ def summarize(setup: EngineSetup, sessions: list[SessionResult]) -> dict:
     bandwidth = [(s.bandwidth_before_gbs + s.bandwidth_after_gbs) / 2 for s in sessions]
     # Each session's decode speed against the bandwidth measured around that same session
     fractions = [statistics.median(s.decode_tok_s) * setup.weight_bytes_per_token / (bw * 1e9)
-                 for s, bw in zip(sessions, bandwidth)]
+                 for s, bw in zip(sessions, bandwidth) if s.decode_tok_s]
     counts = sorted({count for s in sessions for count in s.streams_tok_s})
     return {
         "engine": setup.engine,
@@ -615,6 +624,7 @@ def summarize(setup: EngineSetup, sessions: list[SessionResult]) -> dict:
                           for count in counts},
         "length_mismatches": sorted({m for s in sessions for m in s.length_mismatches}),
         "other_processes_cores_during": median_or_none([s.other_cores_during for s in sessions]),
+        "sessions_timed_out": sum(s.timed_out for s in sessions),
         "sessions": [asdict(s) for s in sessions],
     }
 
@@ -623,7 +633,8 @@ def print_table(results: dict) -> None:
     columns = ["engine", "start s", "prefill tok/s", "TTFT ms", "decode tok/s", "of BW limit"]
     counts = sorted({int(c) for fmt in results["formats"].values() for e in fmt.values() for c in e["streams_tok_s"]})
     columns += [f"{count} str tok/s" for count in counts] + ["others' cores"]
-    print(" | ".join(columns))
+    print(_markdown_row(columns))
+    print(_markdown_row(["---"] * len(columns)))
     for fmt, engines in results["formats"].items():
         for label, summary in engines.items():
             row = [f"{label} [{fmt}]", _fmt(summary["start_to_ready_s"], 2), _fmt(summary["prefill_tok_s"], 0),
@@ -632,7 +643,11 @@ def print_table(results: dict) -> None:
                         summary["decode_fraction_of_bandwidth_limit"] * 100, 0) + "%"]
             row += [_fmt(summary["streams_tok_s"].get(str(count)), 1) for count in counts]
             row.append(_fmt(summary["other_processes_cores_during"], 2))
-            print(" | ".join(row))
+            print(_markdown_row(row))
+
+
+def _markdown_row(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
 
 
 def _fmt(value: float | None, digits: int) -> str:
@@ -701,6 +716,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "(default: 0.3); two-thread engines stall when a core is taken")
     parser.add_argument("--quiet-timeout", type=float, default=120,
                         help="seconds to wait for that before measuring anyway (default: 120)")
+    parser.add_argument("--session-timeout", type=float, default=600,
+                        help="seconds of measuring per server start before moving on (default: 600)")
     parser.add_argument("--peers-dir", type=Path, default=Path("/work/peers"))
     parser.add_argument("--llama-server", type=Path, default=None, help="default: PEERS/llama-build/bin/llama-server")
     parser.add_argument("--llama-quantize", type=Path, default=None,
@@ -734,7 +751,8 @@ def check_peers_present(setups: list[EngineSetup]) -> list[EngineSetup]:
 
 
 def run_format(setups: list[EngineSetup], load: Workload, prompts: PromptMaker, bandwidth: ReadBandwidth,
-               threads: int, log_dir: Path, quiet: QuietMachine) -> dict[str, list[SessionResult]]:
+               threads: int, log_dir: Path, quiet: QuietMachine,
+               session_timeout_s: float) -> dict[str, list[SessionResult]]:
     """Every engine once per round, the starting engine rotating so none always runs first."""
     sessions: dict[str, list[SessionResult]] = {s.label: [] for s in setups}
     for round_index in range(load.rounds):
@@ -742,10 +760,11 @@ def run_format(setups: list[EngineSetup], load: Workload, prompts: PromptMaker, 
         for setup in setups[shift:] + setups[:shift]:
             print(f"round {round_index + 1}/{load.rounds}: {setup.label}", flush=True)
             session = asyncio.run(run_session(setup, round_index, prompts, load, bandwidth, threads, log_dir,
-                                              quiet))
+                                              quiet, session_timeout_s))
             sessions[setup.label].append(session)
-            print(f"  ready {session.start_to_ready_s:.2f} s, decode {statistics.median(session.decode_tok_s):.1f} "
-                  f"tok/s, 16 streams {statistics.median(session.streams_tok_s.get(16, [0])):.1f} tok/s, "
+            print(f"  ready {session.start_to_ready_s:.2f} s, decode {_fmt(median_or_none(session.decode_tok_s), 1)} "
+                  f"tok/s, 16 streams {_fmt(median_or_none(session.streams_tok_s.get(16, [])), 1)} tok/s, "
+                  f"{'TIMED OUT, ' if session.timed_out else ''}"
                   f"bandwidth {session.bandwidth_before_gbs:.1f}->{session.bandwidth_after_gbs:.1f} GB/s, "
                   f"other processes {session.other_cores_before:.2f}->{session.other_cores_during:.2f} cores",
                   flush=True)
@@ -793,7 +812,7 @@ def run_benchmark(args: argparse.Namespace, argv: list[str] | None) -> int:
         setups, skipped = engine_setups(args, source, fmt, peers, prompts)
         results["skipped"] += skipped
         sessions = run_format(check_peers_present(setups), load, prompts, bandwidth, args.threads, log_dir,
-                              QuietMachine(args.quiet_cores, args.quiet_timeout))
+                              QuietMachine(args.quiet_cores, args.quiet_timeout), args.session_timeout)
         results["formats"][fmt] = {setup.label: summarize(setup, sessions[setup.label])
                                    for setup in setups if sessions.get(setup.label)}
     results["server_logs"] = str(log_dir)
