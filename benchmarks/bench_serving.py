@@ -15,7 +15,6 @@ with 1, 4, 8 and 16 concurrent streams, and decode speed as a fraction of the ba
 
 Peers live outside the repository (see benchmarks/README.md); their paths are options.
 """
-from __future__ import annotations
 
 import argparse
 import asyncio
@@ -154,7 +153,7 @@ class CpuUsage:
     this_process: float
 
     @staticmethod
-    def now() -> CpuUsage:
+    def now() -> "CpuUsage":
         return CpuUsage(time.perf_counter(), machine_busy_seconds(), time.process_time())
 
     def other_cores_since(self, server_pid: int | None = None) -> float:
@@ -267,7 +266,7 @@ def free_port() -> int:
 class RunningServer:
     """An engine's server process in its own session, so stopping it reaches its workers too."""
 
-    live: set[RunningServer] = set()  # stopped on the way out, even when the benchmark is interrupted
+    live: "set[RunningServer]" = set()  # stopped on the way out, even when the benchmark is interrupted
 
     def __init__(self, setup: EngineSetup, port: int, log_path: Path):
         self.setup = setup

@@ -10,7 +10,6 @@ llama's graph plus MiniCPM's embedding, residual and logit scalings. Q and K pro
 permuted back into the rotary layout llama.cpp expects (the inverse of what Hugging Face's
 conversion did). The tokenizer must be a byte-level BPE tokenizer.json (GPT-2 family).
 """
-from __future__ import annotations
 
 import argparse
 import json
