@@ -371,7 +371,7 @@ class SessionResult:
     decode_tok_s: list[float] = field(default_factory=list)
     streams_tok_s: dict[int, list[float]] = field(default_factory=dict)
     length_mismatches: list[str] = field(default_factory=list)
-    timed_out: bool = False
+    error: str | None = None  # why the session ended early, keeping what it had measured
 
 
 async def measure_prefill(client: Client, prompts: PromptMaker, load: Workload, result: SessionResult) -> None:
@@ -422,6 +422,21 @@ async def measure_all(client: Client, prompts: PromptMaker, load: Workload, resu
     await measure_streams(client, prompts, load, result)
 
 
+async def measure_server(server: RunningServer, http, prompts: PromptMaker, load: Workload,
+                         result: SessionResult, session_timeout_s: float) -> None:
+    """Fill result from one server; a failure ends the session early and is recorded, keeping what was measured."""
+    import httpx
+    try:
+        result.start_to_ready_s = await server.wait_ready(http)
+        await asyncio.wait_for(measure_all(Client(http, server), prompts, load, result), session_timeout_s)
+    except asyncio.TimeoutError:
+        # A starved engine can slow down a hundredfold
+        result.error = f"measuring took over {session_timeout_s:.0f} s"
+    except (httpx.HTTPError, RuntimeError) as error:
+        # One server dying (or killed by someone else) costs one session, not the whole run
+        result.error = f"{type(error).__name__}: {error}; log: {server.log_path}"
+
+
 async def run_session(setup: EngineSetup, round_index: int, prompts: PromptMaker, load: Workload,
                       bandwidth: ReadBandwidth, threads: int, log_dir: Path, quiet: QuietMachine,
                       session_timeout_s: float) -> SessionResult:
@@ -434,12 +449,7 @@ async def run_session(setup: EngineSetup, round_index: int, prompts: PromptMaker
         usage_at_start = CpuUsage.now()
         server = RunningServer(setup, free_port(), log_path)
         try:
-            result.start_to_ready_s = await server.wait_ready(http)
-            try:
-                await asyncio.wait_for(measure_all(Client(http, server), prompts, load, result), session_timeout_s)
-            except asyncio.TimeoutError:
-                # A starved engine can slow down a hundredfold; what it measured so far is kept
-                result.timed_out = True
+            await measure_server(server, http, prompts, load, result, session_timeout_s)
             result.other_cores_during = usage_at_start.other_cores_since(server.process.pid)
         finally:
             server.stop()
@@ -623,7 +633,7 @@ def summarize(setup: EngineSetup, sessions: list[SessionResult]) -> dict:
                           for count in counts},
         "length_mismatches": sorted({m for s in sessions for m in s.length_mismatches}),
         "other_processes_cores_during": median_or_none([s.other_cores_during for s in sessions]),
-        "sessions_timed_out": sum(s.timed_out for s in sessions),
+        "session_errors": [s.error for s in sessions if s.error],
         "sessions": [asdict(s) for s in sessions],
     }
 
@@ -763,7 +773,7 @@ def run_format(setups: list[EngineSetup], load: Workload, prompts: PromptMaker, 
             sessions[setup.label].append(session)
             print(f"  ready {session.start_to_ready_s:.2f} s, decode {_fmt(median_or_none(session.decode_tok_s), 1)} "
                   f"tok/s, 16 streams {_fmt(median_or_none(session.streams_tok_s.get(16, [])), 1)} tok/s, "
-                  f"{'TIMED OUT, ' if session.timed_out else ''}"
+                  f"{'FAILED (' + session.error.splitlines()[0] + '), ' if session.error else ''}"
                   f"bandwidth {session.bandwidth_before_gbs:.1f}->{session.bandwidth_after_gbs:.1f} GB/s, "
                   f"other processes {session.other_cores_before:.2f}->{session.other_cores_during:.2f} cores",
                   flush=True)
