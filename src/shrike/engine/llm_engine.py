@@ -5,14 +5,11 @@ import itertools
 import time
 from dataclasses import dataclass, field
 
-import torch
-
 from shrike.engine.block_manager import BlockManager
 from shrike.engine.model_runner import ModelRunner
 from shrike.engine.scheduler import Scheduler
-from shrike.engine.sequence import Sequence, SequenceStatus
+from shrike.engine.sequence import Sequence
 from shrike.engine.stop import StopStringFilter
-from shrike.errors import ConfigError
 from shrike.model.loader import LoadedModel, load_model, resolve_dtype
 from shrike.platform.binding import bind_compute_threads
 from shrike.sampling.params import SamplingParams

@@ -1,7 +1,6 @@
 """From a model argument to a ready model: resolve the directory, read config, load weights."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,6 +10,7 @@ from tqdm import tqdm
 from shrike.default_model import resolve_model
 from shrike.errors import ConfigError
 from shrike.model.config import ModelConfig
+from shrike.model.llama import CausalLM
 from shrike.model.weights import CheckpointTensors
 from shrike.platform.memory import KVCachePlan, plan_kv_cache, read_memory
 from shrike.plugins import build_registry
@@ -33,7 +33,7 @@ class LoadedModel:
     model_dir: Path
     config: ModelConfig
     tokenizer: Tokenizer
-    model: CausalLM
+    model: CausalLM  # or a plugin architecture's model
     dtype: torch.dtype
     max_model_len: int
     weight_bytes: int
