@@ -444,7 +444,9 @@ async def run_session(setup: EngineSetup, round_index: int, prompts: PromptMaker
     other_cores_before = quiet.wait()
     result = SessionResult(setup.label, round_index, bandwidth.gb_per_s(threads), other_cores_before=other_cores_before)
     log_path = log_dir / f"{setup.label.replace(' ', '_')}-round{round_index}.log"
-    limits = httpx.Limits(max_connections=MAX_CONCURRENCY * 2)
+    # A new connection per request: llama-server (cpp-httplib) closes a kept-alive connection after a few
+    # requests, and a request sent on it just then fails with "Server disconnected without sending a response"
+    limits = httpx.Limits(max_connections=MAX_CONCURRENCY * 2, max_keepalive_connections=0)
     async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S, limits=limits) as http:
         usage_at_start = CpuUsage.now()
         server = RunningServer(setup, free_port(), log_path)
