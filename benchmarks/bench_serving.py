@@ -819,6 +819,9 @@ def run_benchmark(args: argparse.Namespace, argv: list[str] | None) -> int:
                "started_utc": started.isoformat(timespec="seconds"), "machine": machine_facts(),
                "workload": asdict(load), "bandwidth_1_thread_gbs_at_start": bandwidth.gb_per_s(1),
                "skipped": [], "formats": {}}
+    results["server_logs"] = str(log_dir)
+    json_path = args.out or RESULTS_DIR / f"serving-{source.name}-{started:%Y%m%d-%H%M}.json"
+    json_path.parent.mkdir(parents=True, exist_ok=True)
     for fmt in formats:
         setups, skipped = engine_setups(args, source, fmt, peers, prompts)
         results["skipped"] += skipped
@@ -826,11 +829,7 @@ def run_benchmark(args: argparse.Namespace, argv: list[str] | None) -> int:
                               QuietMachine(args.quiet_cores, args.quiet_timeout), args.session_timeout)
         results["formats"][fmt] = {setup.label: summarize(setup, sessions[setup.label])
                                    for setup in setups if sessions.get(setup.label)}
-    results["server_logs"] = str(log_dir)
-
-    json_path = args.out or RESULTS_DIR / f"serving-{source.name}-{started:%Y%m%d-%H%M}.json"
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps(results, indent=1))
+        json_path.write_text(json.dumps(results, indent=1))  # after each format, so a cut-short run keeps them
     print_table(results)
     for reason in results["skipped"]:
         print(f"skipped: {reason}")
