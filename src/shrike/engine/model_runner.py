@@ -5,6 +5,7 @@ import torch
 
 from shrike.engine.batch import BatchContext
 from shrike.engine.scheduler import ScheduledSequence
+from shrike.engine.sequence import Sequence
 from shrike.layers.attention import KVCache
 from shrike.model.llama import CausalLM
 from shrike.sampling.sampler import sample, top_logprobs
@@ -30,8 +31,8 @@ class ModelRunner:
         slots: list[int] = []
         use_long: list[bool] = []
         logits_rows: list[int] = []  # rows whose logits are needed
-        samplers: list[tuple[int, object]] = []  # (row in logits, sequence) that get a new token
-        prompt_rows: list[tuple[object, int, int, int]] = []  # (sequence, first logits row, first position, count)
+        samplers: list[tuple[int, Sequence]] = []  # (row in logits, sequence) that get a new token
+        prompt_rows: list[tuple[Sequence, int, int, int]] = []  # (sequence, first logits row, first position, count)
         for item in batch:
             seq, n = item.seq, item.num_tokens
             start = seq.num_computed_tokens
