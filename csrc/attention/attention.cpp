@@ -15,7 +15,7 @@ using AttendFn = void (*)(const PagedAttentionArgs&, const AttentionWorkItem&, f
 
 AttendFn attend_kernel(int64_t head_dim) {
 #if defined(SHRIKE_X86)
-  if (active_isa() == Isa::avx2 && head_dim % 8 == 0) return avx2::attend;
+  if (isa_at_least(Isa::avx2) && head_dim % 8 == 0) return avx2::attend;
 #elif defined(SHRIKE_AARCH64)
   // Every aarch64 variant (dotprod, i8mm, sve2) implies the NEON float code.
   if (active_isa() != Isa::scalar && head_dim % 4 == 0) return dotprod::attend;

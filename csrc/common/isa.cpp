@@ -28,8 +28,14 @@ CpuFeatures detect() {
     bool ymm_enabled = (xcr0 & 6) == 6;
     if (ymm_enabled && __get_cpuid_count(7, 0, &a, &b, &c, &d)) {
       f.avx2 = b & (1u << 5);
-      f.avx512_vnni = (c & (1u << 11)) && (xcr0 & 0xe0) == 0xe0;
-      if (__get_cpuid_count(7, 1, &a, &b, &c, &d)) f.avx_vnni = a & (1u << 4);
+      bool zmm_enabled = (xcr0 & 0xe6) == 0xe6;
+      // F (b16), DQ (b17), BW (b30), VL (b31)
+      f.avx512 = zmm_enabled && (b & (1u << 16)) && (b & (1u << 17)) && (b & (1u << 30)) && (b & (1u << 31));
+      f.avx512_vnni = f.avx512 && (c & (1u << 11));
+      if (__get_cpuid_count(7, 1, &a, &b, &c, &d)) {
+        f.avx_vnni = a & (1u << 4);
+        f.avx512_bf16 = f.avx512 && (a & (1u << 5));
+      }
     }
   }
 #elif defined(SHRIKE_AARCH64)
@@ -47,7 +53,10 @@ bool compiled(Isa isa) {
   switch (isa) {
     case Isa::scalar: return true;
 #if defined(SHRIKE_X86)
-    case Isa::avx2: return true;
+    case Isa::avx2:
+    case Isa::avxvnni:
+    case Isa::avx512vnni:
+    case Isa::avx512bf16: return true;
 #elif defined(SHRIKE_AARCH64)
     case Isa::dotprod:
     case Isa::i8mm:
@@ -62,6 +71,9 @@ bool cpu_runs(Isa isa) {
   switch (isa) {
     case Isa::scalar: return true;
     case Isa::avx2: return f.avx2 && f.fma && f.f16c;
+    case Isa::avxvnni: return f.avx2 && f.fma && f.f16c && f.avx_vnni;
+    case Isa::avx512vnni: return f.avx2 && f.fma && f.f16c && f.avx512_vnni;
+    case Isa::avx512bf16: return f.avx2 && f.fma && f.f16c && f.avx512_vnni && f.avx512_bf16;
     case Isa::dotprod: return f.asimddp;
     case Isa::i8mm: return f.asimddp && f.i8mm;
     case Isa::sve2: return f.sve2 && f.i8mm;
@@ -106,7 +118,8 @@ const CpuFeatures& cpu_features() {
 }
 
 const char* isa_name(Isa isa) {
-  static const char* names[kNumIsas] = {"scalar", "avx2", "dotprod", "i8mm", "sve2"};
+  static const char* names[kNumIsas] = {"scalar",     "avx2",    "avxvnni", "avx512vnni",
+                                        "avx512bf16", "dotprod", "i8mm",    "sve2"};
   return names[static_cast<int>(isa)];
 }
 
@@ -118,6 +131,13 @@ Isa active_isa() {
     g_active_set = true;
   }
   return g_active;
+}
+
+bool isa_at_least(Isa level) {
+  Isa a = active_isa();
+  if (level == Isa::scalar) return true;
+  bool a_x86 = a >= Isa::avx2 && a <= Isa::avx512bf16, l_x86 = level >= Isa::avx2 && level <= Isa::avx512bf16;
+  return a_x86 == l_x86 && a != Isa::scalar && static_cast<int>(a) >= static_cast<int>(level);
 }
 
 void set_active_isa(const std::string& name) {

@@ -4,12 +4,18 @@
 
 namespace shrike {
 
-enum class Isa : int { scalar = 0, avx2 = 1, dotprod = 2, i8mm = 3, sve2 = 4 };
-constexpr int kNumIsas = 5;
+// Levels, best last within each architecture. On x86 each level includes the ones before it:
+// avxvnni = AVX2 + VEX vpdpbusd; avx512vnni = AVX-512 F/BW/VL/DQ + vpdpbusd; avx512bf16 adds
+// vdpbf16ps. An op without a variant of its own at a level runs its best variant below it
+// (isa_at_least), so forcing a level with SHRIKE_ISA never selects code the CPU cannot run.
+enum class Isa : int { scalar = 0, avx2 = 1, avxvnni = 2, avx512vnni = 3, avx512bf16 = 4, dotprod = 5, i8mm = 6, sve2 = 7 };
+constexpr int kNumIsas = 8;
 
 struct CpuFeatures {
   // x86
-  bool avx2 = false, fma = false, f16c = false, avx_vnni = false, avx512_vnni = false;
+  bool avx2 = false, fma = false, f16c = false, avx_vnni = false;
+  bool avx512 = false;  // F, BW, VL, DQ with the OS saving zmm state
+  bool avx512_vnni = false, avx512_bf16 = false;
   // aarch64
   bool asimddp = false, i8mm = false, sve = false, sve2 = false, bf16 = false;
 };
@@ -20,6 +26,8 @@ const char* isa_name(Isa isa);
 bool isa_available(Isa isa);
 // The variant kernels use: the best available, or SHRIKE_ISA / set_active_isa when given.
 Isa active_isa();
+// True when the active level is `level` or a later level of the same architecture.
+bool isa_at_least(Isa level);
 // Throws std::invalid_argument naming the available variants when `name` is not one.
 void set_active_isa(const std::string& name);
 

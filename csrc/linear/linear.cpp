@@ -21,7 +21,10 @@ using W8A8Tiles = void (*)(const W8A8Problem&, int64_t, int64_t);
 template <typename Fn>
 Fn pick(Fn ref_fn, Fn avx2_fn, Fn dotprod_fn, Fn i8mm_fn, Fn sve2_fn, int64_t m) {
   switch (active_isa()) {
-    case Isa::avx2: return avx2_fn;
+    case Isa::avx2:
+    case Isa::avxvnni:
+    case Isa::avx512vnni:
+    case Isa::avx512bf16: return avx2_fn;
     case Isa::dotprod: return dotprod_fn;
     case Isa::i8mm: return m < 2 ? dotprod_fn : i8mm_fn;
     case Isa::sve2: return sve2_fn;

