@@ -51,23 +51,23 @@ void block_fma(const DenseProblem& p, int64_t r0, int64_t c0) {
   const XT* x = static_cast<const XT*>(p.x) + r0 * p.k;
   const WT* w = static_cast<const WT*>(p.w) + c0 * p.k;
   __m512 acc[RB][CB];
-  for (int r = 0; r < RB; ++r)
-    for (int c = 0; c < CB; ++c) acc[r][c] = _mm512_setzero_ps();
+  SHRIKE_UNROLL for (int r = 0; r < RB; ++r)
+    SHRIKE_UNROLL for (int c = 0; c < CB; ++c) acc[r][c] = _mm512_setzero_ps();
   for (int64_t b = 0; b < p.k; b += kDenseBlockK) {
     int64_t rest = p.k - b;
     __mmask32 valid = rest >= kDenseBlockK ? kAll : static_cast<__mmask32>((1u << rest) - 1);
     Pairs xp[RB];
-    for (int r = 0; r < RB; ++r) xp[r] = load_pairs(x + r * p.k + b, valid);
-    for (int c = 0; c < CB; ++c) {
+    SHRIKE_UNROLL for (int r = 0; r < RB; ++r) xp[r] = load_pairs(x + r * p.k + b, valid);
+    SHRIKE_UNROLL for (int c = 0; c < CB; ++c) {
       Pairs wp = load_pairs(w + c * p.k + b, valid);
-      for (int r = 0; r < RB; ++r) {
+      SHRIKE_UNROLL for (int r = 0; r < RB; ++r) {
         acc[r][c] = _mm512_fmadd_ps(xp[r].odd, wp.odd, acc[r][c]);
         acc[r][c] = _mm512_fmadd_ps(xp[r].even, wp.even, acc[r][c]);
       }
     }
   }
-  for (int r = 0; r < RB; ++r)
-    for (int c = 0; c < CB; ++c) dense_store(p, r0 + r, c0 + c, reduce16(acc[r][c]));
+  SHRIKE_UNROLL for (int r = 0; r < RB; ++r)
+    SHRIKE_UNROLL for (int c = 0; c < CB; ++c) dense_store(p, r0 + r, c0 + c, reduce16(acc[r][c]));
 }
 
 // bf16 x bf16 with vdpbf16ps.
@@ -76,20 +76,20 @@ void block_dp(const DenseProblem& p, int64_t r0, int64_t c0) {
   const bf16* x = static_cast<const bf16*>(p.x) + r0 * p.k;
   const bf16* w = static_cast<const bf16*>(p.w) + c0 * p.k;
   __m512 acc[RB][CB];
-  for (int r = 0; r < RB; ++r)
-    for (int c = 0; c < CB; ++c) acc[r][c] = _mm512_setzero_ps();
+  SHRIKE_UNROLL for (int r = 0; r < RB; ++r)
+    SHRIKE_UNROLL for (int c = 0; c < CB; ++c) acc[r][c] = _mm512_setzero_ps();
   for (int64_t b = 0; b < p.k; b += kDenseBlockK) {
     int64_t rest = p.k - b;
     __mmask32 valid = rest >= kDenseBlockK ? kAll : static_cast<__mmask32>((1u << rest) - 1);
     __m512bh xv[RB];
-    for (int r = 0; r < RB; ++r) xv[r] = (__m512bh)_mm512_maskz_loadu_epi16(valid, x + r * p.k + b);
-    for (int c = 0; c < CB; ++c) {
+    SHRIKE_UNROLL for (int r = 0; r < RB; ++r) xv[r] = (__m512bh)_mm512_maskz_loadu_epi16(valid, x + r * p.k + b);
+    SHRIKE_UNROLL for (int c = 0; c < CB; ++c) {
       __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(valid, w + c * p.k + b);
-      for (int r = 0; r < RB; ++r) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xv[r], wv);
+      SHRIKE_UNROLL for (int r = 0; r < RB; ++r) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xv[r], wv);
     }
   }
-  for (int r = 0; r < RB; ++r)
-    for (int c = 0; c < CB; ++c) dense_store(p, r0 + r, c0 + c, reduce16(acc[r][c]));
+  SHRIKE_UNROLL for (int r = 0; r < RB; ++r)
+    SHRIKE_UNROLL for (int c = 0; c < CB; ++c) dense_store(p, r0 + r, c0 + c, reduce16(acc[r][c]));
 }
 
 template <int RB, int CB, typename XT, typename WT>

@@ -38,16 +38,16 @@ void block(const DenseProblem& p, int64_t r0, int64_t c0) {
   const XT* x = static_cast<const XT*>(p.x) + r0 * p.k;
   const WT* w = static_cast<const WT*>(p.w) + c0 * p.k;
   float32x4_t acc[RB][CB][4];
-  for (int r = 0; r < RB; ++r)
-    for (int c = 0; c < CB; ++c)
-      for (int q = 0; q < 4; ++q) acc[r][c][q] = vdupq_n_f32(0.f);
+  SHRIKE_UNROLL for (int r = 0; r < RB; ++r)
+    SHRIKE_UNROLL for (int c = 0; c < CB; ++c)
+      SHRIKE_UNROLL for (int q = 0; q < 4; ++q) acc[r][c][q] = vdupq_n_f32(0.f);
   auto step = [&](auto x_at, auto w_at) {
-    for (int q = 0; q < 4; ++q) {
+    SHRIKE_UNROLL for (int q = 0; q < 4; ++q) {
       Pairs xp[RB];
-      for (int r = 0; r < RB; ++r) xp[r] = load_pairs(x_at(r), q);
-      for (int c = 0; c < CB; ++c) {
+      SHRIKE_UNROLL for (int r = 0; r < RB; ++r) xp[r] = load_pairs(x_at(r), q);
+      SHRIKE_UNROLL for (int c = 0; c < CB; ++c) {
         Pairs wp = load_pairs(w_at(c), q);
-        for (int r = 0; r < RB; ++r) {
+        SHRIKE_UNROLL for (int r = 0; r < RB; ++r) {
           acc[r][c][q] = vfmaq_f32(acc[r][c][q], xp[r].odd, wp.odd);
           acc[r][c][q] = vfmaq_f32(acc[r][c][q], xp[r].even, wp.even);
         }
@@ -62,12 +62,12 @@ void block(const DenseProblem& p, int64_t r0, int64_t c0) {
     int64_t rest = p.k - full;
     XT xt[RB][kDenseBlockK] = {};
     WT wt[CB][kDenseBlockK] = {};
-    for (int r = 0; r < RB; ++r) std::memcpy(xt[r], x + r * p.k + full, rest * sizeof(XT));
-    for (int c = 0; c < CB; ++c) std::memcpy(wt[c], w + c * p.k + full, rest * sizeof(WT));
+    SHRIKE_UNROLL for (int r = 0; r < RB; ++r) std::memcpy(xt[r], x + r * p.k + full, rest * sizeof(XT));
+    SHRIKE_UNROLL for (int c = 0; c < CB; ++c) std::memcpy(wt[c], w + c * p.k + full, rest * sizeof(WT));
     step([&](int r) { return static_cast<const XT*>(xt[r]); }, [&](int c) { return static_cast<const WT*>(wt[c]); });
   }
-  for (int r = 0; r < RB; ++r)
-    for (int c = 0; c < CB; ++c) dense_store(p, r0 + r, c0 + c, reduce16(acc[r][c]));
+  SHRIKE_UNROLL for (int r = 0; r < RB; ++r)
+    SHRIKE_UNROLL for (int c = 0; c < CB; ++c) dense_store(p, r0 + r, c0 + c, reduce16(acc[r][c]));
 }
 
 // 2 rows x 2 outputs use 16 accumulator registers of the 32; one row takes 4 outputs.
