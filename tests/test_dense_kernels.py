@@ -115,9 +115,11 @@ def test_dense_linear_layer_and_the_registered_ops_agree():
     assert registry.resolve_op("dense_linear").target is _C.dense_linear
     reference = registry.resolve_op("dense_linear", "reference")
     assert reference.source == "reference" and reference.target is dense_linear_reference
-    out = torch.empty(6, 50)
-    dense_linear_reference(x, w, bias, out)
-    assert torch.allclose(out, dense(_C.active_isa(), x, w, bias), rtol=2e-2, atol=2e-2)  # torch rounds to bf16
+    for x_dtype, w_dtype in ((torch.bfloat16, torch.bfloat16), (torch.float32, torch.bfloat16), (torch.float32,) * 2):
+        x, w, bias = operands(6, 50, 100, x_dtype, w_dtype, seed=4)
+        out = torch.empty(6, 50)
+        dense_linear_reference(x, w, bias, out)  # torch, in the kernels' reduction order
+        assert torch.equal(out, dense(_C.active_isa(), x, w, bias)), (x_dtype, w_dtype)
 
 
 def test_empty_rows_and_bad_arguments():
