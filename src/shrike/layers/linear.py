@@ -16,7 +16,8 @@ DenseOp = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None", torch.Ten
 class DenseLinear:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, op: DenseOp = _C.dense_linear):
         self.weight = weight.contiguous()  # (out_features, in_features)
-        self.bias = None if bias is None else bias.float().contiguous()  # (out_features,)
+        self.bias = bias  # (out_features,) as loaded, or None
+        self._bias_f32 = None if bias is None else bias.float().contiguous()  # what the op takes
         self.op = op
 
     @classmethod
@@ -32,5 +33,5 @@ class DenseLinear:
         n, k = self.weight.shape
         rows = x.reshape(-1, k).contiguous()  # (M, K)
         out = torch.empty(rows.shape[0], n, dtype=out_dtype or x.dtype)
-        self.op(rows, self.weight, self.bias, out)
+        self.op(rows, self.weight, self._bias_f32, out)
         return out.reshape(*x.shape[:-1], n)
