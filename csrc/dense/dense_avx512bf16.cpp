@@ -45,6 +45,14 @@ inline float reduce16(__m512 v) {
 
 constexpr __mmask32 kAll = ~__mmask32(0);
 
+// step(b, valid) for every block of K: full blocks with a constant mask, then the partial one.
+template <typename Step>
+inline void for_blocks(int64_t k, Step step) {
+  int64_t full = k / kDenseBlockK * kDenseBlockK;
+  for (int64_t b = 0; b < full; b += kDenseBlockK) step(b, kAll);
+  if (full < k) step(full, static_cast<__mmask32>((1u << (k - full)) - 1));
+}
+
 // Widening + FMA for any operand types; RB rows x CB outputs, one accumulator each.
 template <int RB, int CB, typename XT, typename WT>
 void block_fma(const DenseProblem& p, int64_t r0, int64_t c0) {
@@ -53,9 +61,7 @@ void block_fma(const DenseProblem& p, int64_t r0, int64_t c0) {
   __m512 acc[RB][CB];
   SHRIKE_UNROLL for (int r = 0; r < RB; ++r)
     SHRIKE_UNROLL for (int c = 0; c < CB; ++c) acc[r][c] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < p.k; b += kDenseBlockK) {
-    int64_t rest = p.k - b;
-    __mmask32 valid = rest >= kDenseBlockK ? kAll : static_cast<__mmask32>((1u << rest) - 1);
+  auto step = [&](int64_t b, __mmask32 valid) {
     Pairs xp[RB];
     SHRIKE_UNROLL for (int r = 0; r < RB; ++r) xp[r] = load_pairs(x + r * p.k + b, valid);
     SHRIKE_UNROLL for (int c = 0; c < CB; ++c) {
@@ -65,7 +71,8 @@ void block_fma(const DenseProblem& p, int64_t r0, int64_t c0) {
         acc[r][c] = _mm512_fmadd_ps(xp[r].even, wp.even, acc[r][c]);
       }
     }
-  }
+  };
+  for_blocks(p.k, step);
   SHRIKE_UNROLL for (int r = 0; r < RB; ++r)
     SHRIKE_UNROLL for (int c = 0; c < CB; ++c) dense_store(p, r0 + r, c0 + c, reduce16(acc[r][c]));
 }
@@ -78,16 +85,15 @@ void block_dp(const DenseProblem& p, int64_t r0, int64_t c0) {
   __m512 acc[RB][CB];
   SHRIKE_UNROLL for (int r = 0; r < RB; ++r)
     SHRIKE_UNROLL for (int c = 0; c < CB; ++c) acc[r][c] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < p.k; b += kDenseBlockK) {
-    int64_t rest = p.k - b;
-    __mmask32 valid = rest >= kDenseBlockK ? kAll : static_cast<__mmask32>((1u << rest) - 1);
+  auto step = [&](int64_t b, __mmask32 valid) {
     __m512bh xv[RB];
     SHRIKE_UNROLL for (int r = 0; r < RB; ++r) xv[r] = (__m512bh)_mm512_maskz_loadu_epi16(valid, x + r * p.k + b);
     SHRIKE_UNROLL for (int c = 0; c < CB; ++c) {
       __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(valid, w + c * p.k + b);
       SHRIKE_UNROLL for (int r = 0; r < RB; ++r) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xv[r], wv);
     }
-  }
+  };
+  for_blocks(p.k, step);
   SHRIKE_UNROLL for (int r = 0; r < RB; ++r)
     SHRIKE_UNROLL for (int c = 0; c < CB; ++c) dense_store(p, r0 + r, c0 + c, reduce16(acc[r][c]));
 }
