@@ -50,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="default: the one benchmarks/build_peers.sh built ($SHRIKE_PEERS_DIR or ~/.cache/shrike-peers)")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--lm-head-quant", default="none", choices=["none", "int8"],
+                        help="Shrike's lm_head: the checkpoint's precision (none) or int8 per vocabulary row")
     args = parser.parse_args(argv)
 
     import importlib.util
@@ -65,8 +67,10 @@ def main(argv: list[str] | None = None) -> int:
 
     engine = LLMEngine(EngineConfig(model=args.shrike_model, max_model_len=2048, max_num_seqs=1,
                                     max_num_batched_tokens=PROMPT_TOKENS, kv_cache_space_gib=0.5, enable_prefix_caching=False,
-                                    cpu_threads=args.threads, progress=False))
+                                    cpu_threads=args.threads, progress=False, lm_head_quant=args.lm_head_quant))
     weight_bytes = sum(p.stat().st_size for p in Path(args.shrike_model).glob("*.safetensors"))
+    if args.lm_head_quant == "int8":  # the lm_head is read as int8 (1 byte per weight) instead of bf16 (2)
+        weight_bytes -= engine.model_config.vocab_size * engine.model_config.hidden_size
     shrike_run(engine)  # warm-up
     bw_before = bandwidth()
     runs = {"shrike": [], "llama.cpp": []}

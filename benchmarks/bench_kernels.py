@@ -1,8 +1,11 @@
-"""Low-bit linear kernel benchmark (also ``shrike bench kernels``).
+"""Linear kernel benchmark (also ``shrike bench kernels``).
 
 M = 1 (decode): effective weight-read bandwidth of W4A8-G128 and W8A8 GEMV, cycling through at
 least ``--gb`` GB of distinct packed weights so the last-level cache cannot serve them, next to
 a STREAM-like read of an equally large buffer on the same thread pool.
+Dense (``_C.dense_linear``, bf16 weights): GB/s of the lm_head shapes (MiniCPM5-2B 130560x2048,
+SmolLM2 49152x576) at M = 1, 4, 8, each timing interleaved with a read-bandwidth probe so the
+ratio compares like with like on a busy machine.
 M = 128, 512 (prefill): GOP/s (2 M N K / time) of W4A8-G128 and W8A8 next to torch fp32 and
 bf16 matmul on the same shapes, torch limited to the same thread count.
 
@@ -23,6 +26,8 @@ import torch
 from shrike import _C, kernels
 
 SHAPES = {"qkv": (2560, 2048), "o": (2048, 2048), "gate_up": (12288, 2048), "down": (2048, 6144)}
+LM_HEADS = {"minicpm5-2b": (130560, 2048), "smollm2": (49152, 576)}
+DENSE_M = (1, 4, 8)
 
 
 def median_seconds(fn, reps: int) -> float:
@@ -53,6 +58,33 @@ def decode_gbs(weight, nbytes_target: int, reps: int) -> tuple[float, float]:
 
     seconds = median_seconds(cycle, reps) / copies
     return weight.packed.numel() / seconds / 1e9, seconds * 1e6
+
+
+def dense_decode(n: int, k: int, nbytes_target: int, reps: int) -> dict[str, dict[str, float]]:
+    """Per M: bf16-weight GB/s of dense_linear (fp32 logits) over >= nbytes_target of distinct
+    weights, the read bandwidth measured right after each repetition, and the ratio of the medians."""
+    gen = torch.Generator().manual_seed(n + k)
+    first = torch.empty(n, k, dtype=torch.bfloat16).normal_(0, 0.05, generator=gen)
+    copies = max(2, math.ceil(nbytes_target / first.nbytes))
+    weights = [first] + [first.clone() for _ in range(copies - 1)]
+    probe = torch.ones(first.nbytes * copies, dtype=torch.uint8)
+    results = {}
+    for m in DENSE_M:
+        x = torch.randn(m, k).bfloat16()
+        out = torch.empty(m, n)
+        _C.dense_linear(x, weights[0], None, out)  # warm-up
+        gemv, read = [], []
+        for _ in range(reps):
+            start = time.perf_counter()
+            for w in weights:
+                _C.dense_linear(x, w, None, out)
+            gemv.append(first.nbytes * copies / (time.perf_counter() - start) / 1e9)
+            start = time.perf_counter()
+            _C.read_bandwidth_probe(probe)
+            read.append(probe.numel() / (time.perf_counter() - start) / 1e9)
+        g, r = statistics.median(gemv), statistics.median(read)
+        results[f"M={m}"] = {"gbs": g, "read_gbs": r, "ratio": g / r}
+    return results
 
 
 def prefill_gops(m: int, n: int, k: int, w4, w8, reps: int) -> dict[str, float]:
@@ -86,7 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=5, help="repetitions per measurement; medians are reported")
     parser.add_argument("--gb", type=float, default=1.0, help="GB of distinct weights cycled through at M=1")
     parser.add_argument("--m", default="128,512", help="prefill row counts (comma separated)")
-    parser.add_argument("--shapes", default=",".join(SHAPES), help=f"subset of {','.join(SHAPES)}")
+    parser.add_argument("--shapes", default=",".join(SHAPES), help=f"subset of {','.join(SHAPES)} ('' for none)")
+    parser.add_argument("--lm-heads", default=",".join(LM_HEADS),
+                        help=f"dense_linear shapes, subset of {','.join(LM_HEADS)} ('' for none)")
     parser.add_argument("--json", default="bench_kernels.json", help="output file")
     args = parser.parse_args(argv)
 
@@ -94,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     target = int(args.gb * 1e9)
     prefill_m = [int(m) for m in args.m.split(",") if m]
-    shapes = {name: SHAPES[name] for name in args.shapes.split(",")}
+    shapes = {name: SHAPES[name] for name in args.shapes.split(",") if name}
+    lm_heads = {name: LM_HEADS[name] for name in args.lm_heads.split(",") if name}
 
     stream = stream_read_gbs(target, args.reps)
     print(f"isa {kernels.active_isa()}, {args.threads} threads, STREAM-like read {stream:.1f} GB/s "
@@ -122,6 +157,16 @@ def main(argv: list[str] | None = None) -> int:
     for name, m, n, k, r in prefill_rows:
         print(f"{name:>8} {m:5d} {r['w4a8_g128']:10.1f} {r['w8a8']:8.1f} {r['torch_fp32']:10.1f} "
               f"{r['torch_bf16']:11.1f} {r['w4a8_g128'] / r['torch_fp32']:8.2f}x {r['w8a8'] / r['torch_fp32']:8.2f}x")
+
+    print("\ndense_linear, bf16 weights, fp32 out (lm_head shapes; read = probe interleaved with each rep)")
+    print(f"{'shape':>12} {'N x K':>12} {'M':>3} {'GB/s':>7} {'read GB/s':>10} {'ratio':>6}")
+    results["dense"] = {}
+    for name, (n, k) in lm_heads.items():
+        rows = dense_decode(n, k, target, args.reps)
+        results["dense"][name] = {"n": n, "k": k, **rows}
+        for label, r in rows.items():
+            print(f"{name:>12} {f'{n}x{k}':>12} {label[2:]:>3} {r['gbs']:7.1f} {r['read_gbs']:10.1f} "
+                  f"{100 * r['ratio']:5.0f}%", flush=True)
 
     with open(args.json, "w") as f:
         json.dump(results, f, indent=2)

@@ -59,8 +59,12 @@ class Registry:
     def register_op(self, op: str, fn: Callable, source: str, provider: str = "shrike"):
         self._add("op", op, Implementation(fn, source, provider))
 
-    def resolve_op(self, op: str) -> Implementation:
-        return self._tables["op"][op][0]
+    def resolve_op(self, op: str, kernel_backend: str = "auto") -> Implementation:
+        """The best implementation of `op`, or its reference with kernel_backend "reference"."""
+        entries = self._tables["op"][op]
+        if kernel_backend == "reference":
+            return next(entry for entry in entries if entry.source == "reference")
+        return entries[0]
 
     def _resolve_user_choice(self, kind: str, name: str, what: str) -> Implementation:
         entries = self._tables[kind].get(name)

@@ -33,6 +33,7 @@ class EngineConfig:
     cpu_bind: str | None = None  # e.g. "0,1,6-11"; None: the fastest class of usable cores
     progress: bool = True
     kernel_backend: str = "auto"  # auto: the compiled kernel core; reference: the PyTorch reference (tests)
+    lm_head_quant: str = "none"  # none: the checkpoint's precision; int8: per-row int8 (W8A8 kernel) from load
 
 
 @dataclass
@@ -76,7 +77,8 @@ class LLMEngine:
         self.config = config
         self.cores = bind_compute_threads(config.cpu_threads, config.cpu_bind)
         loaded: LoadedModel = load_model(config.model, config.dtype, config.max_model_len, config.chat_template,
-                                         progress=config.progress, kernel_backend=config.kernel_backend)
+                                         progress=config.progress, kernel_backend=config.kernel_backend,
+                                         lm_head_quant=config.lm_head_quant)
         self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer
         self.dtype = loaded.dtype

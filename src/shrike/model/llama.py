@@ -8,14 +8,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 
 from shrike import _C
 
 from shrike.engine.batch import BatchContext
 from shrike.errors import ConfigError
 from shrike.layers.attention import KVCache, paged_attention
-from shrike.layers.linear import DenseLinear
+from shrike.layers.linear import DenseLinear, DenseOp
+from shrike.layers.lm_head import DenseLMHead
 from shrike.layers.norm import RMSNorm, RmsNormFn
 from shrike.layers.rotary import RotaryEmbedding, apply_rotary
 from shrike.model.config import ModelConfig
@@ -28,9 +28,9 @@ LLAMA_FAMILY = ("LlamaForCausalLM", "MiniCPMForCausalLM", "Qwen2ForCausalLM", "Q
 LinearFactory = Callable[[CheckpointTensors, list[str], int, list[int], bool], Callable[[torch.Tensor], torch.Tensor]]
 
 
-def dense_linear_factory(dtype: torch.dtype) -> LinearFactory:
+def dense_linear_factory(dtype: torch.dtype, op: DenseOp = _C.dense_linear) -> LinearFactory:
     def make(tensors, prefixes, in_features, out_features, bias):
-        return DenseLinear.load(tensors, prefixes, in_features, out_features, bias, dtype)
+        return DenseLinear.load(tensors, prefixes, in_features, out_features, bias, dtype, op)
     return make
 
 
@@ -99,9 +99,10 @@ class DecoderLayer:
 class CausalLM:
     def __init__(self, config: ModelConfig, tensors: CheckpointTensors, dtype: torch.dtype,
                  make_linear: LinearFactory | None = None, max_positions: int | None = None,
-                 progress: Callable[[int], None] | None = None, rmsnorm: RmsNormFn = _C.rmsnorm):
+                 progress: Callable[[int], None] | None = None, rmsnorm: RmsNormFn = _C.rmsnorm,
+                 dense_linear: DenseOp = _C.dense_linear):
         c = config
-        make_linear = make_linear or dense_linear_factory(dtype)
+        make_linear = make_linear or dense_linear_factory(dtype, dense_linear)
         self.config, self.dtype = c, dtype
         self.embed_tokens = tensors.get("model.embed_tokens.weight", (c.vocab_size, c.hidden_size), dtype)
         self.layers = []
@@ -111,11 +112,13 @@ class CausalLM:
                 progress(i + 1)
         self.norm = RMSNorm(tensors.get("model.norm.weight", (c.hidden_size,), dtype), c.rms_norm_eps, rmsnorm)
         if c.tie_word_embeddings:
-            self.lm_head = self.embed_tokens  # (vocab, hidden)
+            lm_head = self.embed_tokens  # (vocab, hidden)
         elif "lm_head.weight" in tensors:
-            self.lm_head = tensors.get("lm_head.weight", (c.vocab_size, c.hidden_size), dtype)
+            lm_head = tensors.get("lm_head.weight", (c.vocab_size, c.hidden_size), dtype)
         else:
             raise ConfigError("checkpoint has no lm_head.weight and config.json says tie_word_embeddings is false")
+        # Replaced by an Int8LMHead after loading with --lm-head-quant int8.
+        self.lm_head = DenseLMHead(lm_head, dense_linear)
         self.rotary = RotaryEmbedding(c, max_positions or c.max_position_embeddings)
 
     def forward(self, input_ids: torch.Tensor, ctx: BatchContext, kv_caches: list[KVCache],
@@ -132,7 +135,7 @@ class CausalLM:
         hidden = self.norm.add_and_norm(delta[logits_indices], residual[logits_indices])
         if c.logit_divisor != 1.0:
             hidden = hidden / c.logit_divisor
-        return F.linear(hidden, self.lm_head).float()
+        return self.lm_head(hidden)
 
 
 def register_architectures(registry) -> None:

@@ -9,6 +9,7 @@ from tqdm import tqdm
 
 from shrike.default_model import resolve_model
 from shrike.errors import ConfigError
+from shrike.layers.lm_head import LM_HEAD_QUANT, int8_lm_head
 from shrike.model.config import ModelConfig
 from shrike.model.llama import CausalLM
 from shrike.model.weights import CheckpointTensors
@@ -50,7 +51,10 @@ class LoadedModel:
 
 
 def load_model(model: str | None, dtype: str = "auto", max_model_len: int | None = None,
-               chat_template: str | None = None, progress: bool = True, kernel_backend: str = "auto") -> LoadedModel:
+               chat_template: str | None = None, progress: bool = True, kernel_backend: str = "auto",
+               lm_head_quant: str = "none") -> LoadedModel:
+    if lm_head_quant not in LM_HEAD_QUANT:
+        raise ConfigError(f"--lm-head-quant {lm_head_quant!r} is not known; use {' or '.join(LM_HEAD_QUANT)}")
     model_dir = resolve_model(model)
     config = ModelConfig.from_dir(model_dir)
     registry = build_registry()
@@ -72,7 +76,12 @@ def load_model(model: str | None, dtype: str = "auto", max_model_len: int | None
     action = make_linear.description if make_linear else "Loading"
     bar = tqdm(total=config.num_layers, desc=f"{action} {model_dir.name}", unit="layer", disable=not progress)
     net = architecture(config, tensors, torch_dtype, make_linear=make_linear, max_positions=max_model_len,
-                       progress=lambda done: bar.update(done - bar.n), rmsnorm=registry.resolve_op("rmsnorm").target)
+                       progress=lambda done: bar.update(done - bar.n), rmsnorm=registry.resolve_op("rmsnorm").target,
+                       dense_linear=registry.resolve_op("dense_linear", kernel_backend).target)
     bar.close()
+    if lm_head_quant == "int8":
+        if not hasattr(net, "lm_head"):
+            raise ConfigError(f"--lm-head-quant int8 is not supported by the {config.architecture} architecture")
+        net.lm_head = int8_lm_head(net.lm_head.weight, model_dir, kernel_backend)
     weight_bytes = sum(p.stat().st_size for p in model_dir.glob("*.safetensors"))
     return LoadedModel(model_dir, config, tokenizer, net, torch_dtype, max_model_len, weight_bytes, available_before)

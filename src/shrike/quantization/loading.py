@@ -7,10 +7,12 @@ from pathlib import Path
 
 import torch
 
+from shrike import _C
 from shrike.errors import ConfigError
 from shrike.layers.linear import DenseLinear
 from shrike.model.config import ModelConfig
 from shrike.model.weights import CheckpointTensors
+from shrike.ops import dense_linear_reference
 from shrike.quantization.backends import select_backend
 from shrike.quantization.compressed_tensors_format import QuantizationPlan, read_stored_linear
 from shrike.quantization.repack_cache import RepackCache
@@ -51,6 +53,7 @@ class QuantizedLinearFactory:
             raise ConfigError("a quantized lm_head is not supported; list lm_head in quantization_config.ignore")
         self.dtype = dtype
         self.backend = select_backend(kernel_backend)
+        self.dense_op = dense_linear_reference if kernel_backend == "reference" else _C.dense_linear  # ignored layers
         self.files = CheckpointFiles(model_dir)
         self.cache = RepackCache(self.files, self.backend.variant)
         self._freed_bytes = 0  # checkpoint buffers freed since memory was last returned to the OS
@@ -64,7 +67,7 @@ class QuantizedLinearFactory:
                  bias: bool):
         layers = [self.plan.layer(p) for p in prefixes]
         if all(layer is None for layer in layers):
-            return DenseLinear.load(tensors, prefixes, in_features, out_features, bias, self.dtype)
+            return DenseLinear.load(tensors, prefixes, in_features, out_features, bias, self.dtype, self.dense_op)
         if any(layer != layers[0] for layer in layers):
             raise ConfigError(f"{', '.join(prefixes)} run as one fused GEMM but are not quantized alike; "
                               "quantize them with the same scheme or list all of them in ignore")
