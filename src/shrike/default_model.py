@@ -128,11 +128,11 @@ def _remove_abandoned_staging_dirs(models_dir: Path) -> None:
     """Delete staging directories left by conversions whose process died (their names carry its pid)."""
     for staging in models_dir.glob(f"{_STAGING_PREFIX}*"):
         owner = staging.name.removeprefix(_STAGING_PREFIX).split("-", 1)[0]
-        if owner.isdigit() and not _process_alive(int(owner)):
+        if owner.isdigit() and not process_alive(int(owner)):
             shutil.rmtree(staging, ignore_errors=True)
 
 
-def _process_alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -44,6 +44,8 @@ def _prompts(ctx: ServerContext, prompt: str | list[str] | list[int] | list[list
         if isinstance(item, str):
             prompts.append(_Prompt(item, ctx.encode(item, True, "prompt")))
         else:
+            # Before decoding it for echo: a megabyte of ids would otherwise hold up the event loop first.
+            ctx.check_prompt_length(len(item), "prompt")
             ctx.check_token_ids(item, "prompt")
             prompts.append(_Prompt(ctx.tokenizer.decode(item, skip_special_tokens=False), list(item)))
     return prompts
