@@ -176,6 +176,10 @@ class AsyncEngine:
         """
         if not self.is_running:
             raise EngineStoppedError("the server is shutting down")
+        # A request that can never be served is the client's to fix (400), even when the server is busy:
+        # a 503 would only invite retrying it. check_request reads fixed limits, safe off the engine thread.
+        for prompt in prompts:
+            self.engine.check_request(prompt, params)
         generation = Generation(prompts, params, self._release)
         if generation.num_sequences > self.capacity:
             raise ValueError(f"this request needs {generation.num_sequences} sequences (prompts times n) but the "
