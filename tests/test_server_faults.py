@@ -299,6 +299,30 @@ def test_a_tcp_reset_mid_stream_frees_everything_and_the_server_keeps_serving(se
     assert "Traceback" not in server.log
 
 
+def test_resets_before_the_first_byte_strand_no_admission(server):
+    """A client gone before its stream starts: the response is cancelled before its event generator
+    ever ran, and the request must still be aborted and its admission released."""
+    port = int(server.base_url.rsplit(":", 1)[1])
+    body = json.dumps({"model": SERVED_NAME, "prompt": "Count:", "max_tokens": 200, "ignore_eos": True,
+                       "stream": True}).encode()
+    request = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    for attempt in range(20):
+        conn = socket.create_connection(("127.0.0.1", port), timeout=60)
+        conn.sendall(request)
+        time.sleep(0.002 * attempt)  # from before admission to just after it
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        conn.close()
+    after = _wait_idle(server.base_url)
+    deadline = time.monotonic() + 20
+    while after["shrike:num_sequences_in_flight"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+        after = _metrics(server.base_url)
+    assert after["shrike:num_sequences_in_flight"] == 0, "admissions stranded by clients that left early"
+    assert after["shrike:kv_cache_free_blocks"] == after["shrike:kv_cache_blocks"]
+    assert after["shrike:num_requests_running"] == 0
+
+
 def _stream(base_url: str, body: dict, first_event: threading.Event, result: dict) -> None:
     lines = []
     try:

@@ -39,6 +39,7 @@ def test_every_request_got_what_it_should(summary):
 
 def test_no_kv_block_leaked_and_the_server_went_idle(summary):
     assert summary["leaked_blocks"] == 0, summary
+    assert summary["stranded_sequences"] == 0, summary
     assert summary["checks"]["idle_afterwards"]
 
 

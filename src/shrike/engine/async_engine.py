@@ -8,6 +8,7 @@ idle server uses no CPU.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import queue
@@ -49,6 +50,7 @@ class EngineLoad:
     num_free_blocks: int = 0  # held by no sequence (cached prefixes count as free); all of them when idle
     num_steps: int = 0  # loop iterations that had work
     longest_step_seconds: float = 0.0  # the longest such iteration: commands, step, hand-over
+    sequences_in_flight: int = 0  # admitted and not yet released by their client's handler; 0 when idle
 
 
 class GenerationObserver:
@@ -139,7 +141,7 @@ class AsyncEngine:
         self.engine = engine
         self.capacity = engine.scheduler.max_num_seqs + max_queue_len  # sequences in flight at most
         self.observer = observer or GenerationObserver()
-        self.load = EngineLoad()
+        self._engine_load = EngineLoad()  # as of the engine's last step
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         # Touched on the event loop only.
         self._generations: dict[str, Generation] = {}
@@ -163,6 +165,10 @@ class AsyncEngine:
             return
         self._commands.put(_Stop())
         await asyncio.to_thread(self._thread.join)
+
+    @property
+    def load(self) -> EngineLoad:
+        return dataclasses.replace(self._engine_load, sequences_in_flight=self._sequences_in_flight)
 
     @property
     def is_running(self) -> bool:
@@ -218,7 +224,7 @@ class AsyncEngine:
         generation.unfinished_sequences.clear()
 
     def _deliver(self, outputs: list[RequestOutput], failures: list[tuple[str, Exception]], load: EngineLoad) -> None:
-        self.load = load
+        self._engine_load = load
         now = time.monotonic()
         for output in outputs:
             generation = self._generations.get(output.request_id)

@@ -76,16 +76,17 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                         help="reuse the KV cache of equal prompt prefixes across requests (default: on)")
     parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV) or None,
-                        help="require `Authorization: Bearer KEY` on every route but /health, /metrics, /version and the "
-                             f"API docs (default: ${API_KEY_ENV}, else open)")
+                        help="require `Authorization: Bearer KEY` on every route but /health, /metrics, /version "
+                             f"and the API docs (default: ${API_KEY_ENV}, else open)")
     parser.add_argument("--generation-config", default="auto", choices=["auto", "vllm"],
                         help="auto: default sampling settings from the model's generation_config.json; "
                              "vllm: the OpenAI defaults (temperature 1, top_p 1)")
     parser.add_argument("--chat-template", default=None,
                         help="Jinja chat template file (or string) replacing the model's")
     parser.add_argument("--shutdown-timeout", type=_positive_float, default=DEFAULT_SHUTDOWN_TIMEOUT, metavar="SECONDS",
-                        help="after SIGTERM/SIGINT, requests in flight get this long to finish while new ones get 503; "
-                             f"then they end with an error and the server exits 0 (default: {DEFAULT_SHUTDOWN_TIMEOUT:g})")
+                        help="after SIGTERM/SIGINT, requests in flight get this long to finish while new ones get "
+                             "503; then they end with an error and the server exits 0 "
+                             f"(default: {DEFAULT_SHUTDOWN_TIMEOUT:g})")
     parser.add_argument("--disable-log-stats", action="store_true", help="do not log throughput every 10 s")
 
 

@@ -6,8 +6,7 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from fastapi.responses import JSONResponse, StreamingResponse
-from starlette.background import BackgroundTask
+from fastapi.responses import JSONResponse
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -16,8 +15,8 @@ from shrike.engine.llm_engine import RequestOutput
 from shrike.sampling.sampler import TokenLogprobs
 from shrike.server.context import ServerContext
 from shrike.server.errors import bad_request
-from shrike.server.generation import (ChoiceText, clamp_logprob, outputs_until_disconnect, stream_events, submit,
-                                      usage)
+from shrike.server.generation import (ChoiceText, GenerationStream, clamp_logprob, outputs_until_disconnect,
+                                      submit, usage)
 from shrike.server.protocol import CompletionRequest
 from shrike.server.sampling import build_sampling_params
 
@@ -73,8 +72,7 @@ async def create_completion(body: CompletionRequest, request: Request, ctx: Serv
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         events = _chunks(ctx, generation, view, response_id, created, num_prompt_tokens, include_usage)
-        return StreamingResponse(stream_events(generation, events), media_type="text/event-stream",
-                                 background=BackgroundTask(generation.close))
+        return GenerationStream(generation, events)
     outputs = await outputs_until_disconnect(generation, request)
     if outputs is None:
         return Response(status_code=499)  # nobody is listening; the status only reaches the access log

@@ -98,6 +98,9 @@ class ServerMetrics(GenerationObserver):
         family("shrike:kv_cache_free_blocks", "gauge",
                "KV-cache blocks held by no sequence (cached prefixes count as free); all of them when idle.",
                [sample("shrike:kv_cache_free_blocks", load.num_free_blocks)])
+        family("shrike:num_sequences_in_flight", "gauge",
+               "Sequences admitted and not yet released by their request's handler (0 when idle).",
+               [sample("shrike:num_sequences_in_flight", load.sequences_in_flight)])
         family("shrike:engine_steps_total", "counter", "Engine-loop iterations that had work.",
                [sample("shrike:engine_steps_total", load.num_steps)])
         family("shrike:engine_step_seconds_max", "gauge",
