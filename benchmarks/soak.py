@@ -22,8 +22,6 @@ Checked continuously and at the end (each a named check in the summary; any fail
 Timings depend on what else runs on the machine; the bounds are meant to catch hangs and leaks,
 not to measure speed.
 """
-from __future__ import annotations
-
 import argparse
 import asyncio
 import json
