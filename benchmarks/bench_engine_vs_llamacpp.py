@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import time
@@ -44,7 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("shrike_model")
     parser.add_argument("gguf")
-    parser.add_argument("--llama-bench", default="/work/peers/llama-build/bin/llama-bench")
+    peers = os.environ.get("SHRIKE_PEERS_DIR") or str(Path.home() / ".cache" / "shrike-peers")
+    parser.add_argument("--llama-bench", default=f"{peers}/llama-build/bin/llama-bench",
+                        help="default: the one benchmarks/build_peers.sh built ($SHRIKE_PEERS_DIR or ~/.cache/shrike-peers)")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)

@@ -729,7 +729,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="seconds to wait for that before measuring anyway (default: 120)")
     parser.add_argument("--session-timeout", type=float, default=600,
                         help="seconds of measuring per server start before moving on (default: 600)")
-    parser.add_argument("--peers-dir", type=Path, default=Path("/work/peers"))
+    parser.add_argument("--peers-dir", type=Path, default=default_peers_dir(),
+                        help="where benchmarks/build_peers.sh built the peers (default: $SHRIKE_PEERS_DIR, "
+                             "else ~/.cache/shrike-peers)")
     parser.add_argument("--llama-server", type=Path, default=None, help="default: PEERS/llama-build/bin/llama-server")
     parser.add_argument("--llama-quantize", type=Path, default=None,
                         help="default: PEERS/llama-build/bin/llama-quantize")
@@ -741,6 +743,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, default=None, help="results JSON (default: benchmarks/results/...)")
     parser.add_argument("--plot", type=Path, default=None, metavar="JSON", help="only draw the chart of a results JSON")
     return parser
+
+
+def default_peers_dir() -> Path:
+    """The directory benchmarks/build_peers.sh builds into."""
+    return Path(os.environ.get("SHRIKE_PEERS_DIR") or Path.home() / ".cache" / "shrike-peers")
 
 
 def peer_paths(args: argparse.Namespace) -> PeerPaths:
