@@ -145,6 +145,23 @@ def test_sigkill_during_a_gguf_conversion_is_redone_on_the_next_start(tiny_gguf,
     assert all(tensors.raw(name).numel() for name in tensors.names())
 
 
+def test_an_unusable_cache_converts_into_a_temporary_directory_with_a_warning(tiny_gguf, tmp_path, monkeypatch,
+                                                                               capsys):
+    """The cache directory cannot be created (its parent is a file: ENOTDIR); a full disk (ENOSPC) takes the
+    same path. The model is still served, from a conversion that lives as long as the process."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("SHRIKE_CACHE_DIR", str(blocker / "cache"))
+    converted = converted_gguf_dir(tiny_gguf, progress=False)
+    try:
+        assert blocker not in converted.parents
+        warning = capsys.readouterr().err
+        assert "warning: cannot write the converted model into the cache" in warning and "Not a directory" in warning
+        CheckpointTensors(converted)  # complete: every header checked against its file's size
+    finally:
+        shutil.rmtree(converted)
+
+
 def _mount_tiny_tmpfs(path: Path) -> bool:
     """A 64 KiB tmpfs at `path`: writes there fail with ENOSPC, as on a full disk. Needs root (mount)."""
     path.mkdir()
