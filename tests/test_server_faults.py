@@ -377,6 +377,7 @@ def test_sigterm_under_load_drains_refuses_new_work_and_exits_zero(server):
     assert refused.status_code == 503 and refused.json()["error"]["code"] == "shutting_down"
     assert refused.headers["Retry-After"].isdigit()
     assert httpx.get(f"{server.base_url}/health", timeout=10).status_code == 503
+    assert httpx.get(f"{server.base_url}/metrics", timeout=10).status_code == 200  # the drain stays observable
     for thread, _, _ in streams:
         thread.join(120)
     assert server.process.wait(timeout=60) == 0

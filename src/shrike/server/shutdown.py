@@ -32,7 +32,7 @@ class DrainState:
 
 
 class DrainMiddleware:
-    """Counts requests in flight; while draining, refuses new ones with 503 and closes their connection."""
+    """Counts requests in flight; while draining, refuses new ones but /metrics with 503 and closes their connection."""
 
     def __init__(self, app: ASGIApp, state: DrainState):
         self.app = app
@@ -42,7 +42,7 @@ class DrainMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if self.state.draining:
+        if self.state.draining and scope["path"] != "/metrics":  # monitoring watches the drain too
             error = APIError("the server is shutting down and takes no new requests; retry on another instance or "
                              "after it restarts", 503, "service_unavailable", code="shutting_down",
                              headers={"Retry-After": str(RETRY_AFTER_SECONDS), "Connection": "close"})
