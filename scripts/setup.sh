@@ -6,7 +6,17 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 . .venv/bin/activate
-pip_install() { pip install --disable-pip-version-check -q "$@" 2>&1 | grep -v "^WARNING: Location" || true; }
+# Quiet on success; on failure, pip's whole output and the failing command, and setup stops.
+pip_install() {
+    local output
+    if ! output=$(pip install --disable-pip-version-check -q "$@" 2>&1); then
+        printf '%s\n' "$output" >&2
+        echo "setup.sh: error: 'pip install $*' failed (output above)" >&2
+        exit 1
+    fi
+    # pip's warnings stay visible, except the harmless one about the editable install's location.
+    [ -z "$output" ] || printf '%s\n' "$output" | sed '/^WARNING: Location/d'
+}
 # torch first, pinned, so that nothing pulls a CUDA build.
 pip_install torch==2.13.0
 # setuptools: the plugin test pip-installs examples/shrike-plugin-example without build isolation.

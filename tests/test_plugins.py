@@ -1,8 +1,9 @@
 """Plugin discovery and selection, the registry's priority order, and the built-in rmsnorm op.
 
-The example plugin under examples/ is pip-installed into the running environment for the session:
-discovery goes through the same entry-point metadata a user's plugin would. It is uninstalled
-afterwards because, once installed, its rmsnorm outranks the built-in kernel everywhere.
+The example plugin under examples/ is pip-installed into a temporary directory that is put on
+sys.path for this module only: discovery goes through the same entry-point metadata a user's plugin
+would, and the project's environment never sees it (installed there, its rmsnorm would outrank the
+built-in kernel everywhere, and an interrupted run would leave it so).
 """
 
 import importlib
@@ -28,11 +29,29 @@ def pip(*args: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def example_plugin():
-    pip("install", "--no-deps", "--no-build-isolation", str(EXAMPLE))
+def example_plugin(tmp_path_factory):
+    target = tmp_path_factory.mktemp("plugin-site")
+    pip("install", "--no-deps", "--no-build-isolation", "--target", str(target), str(EXAMPLE))
+    sys.path.insert(0, str(target))
     importlib.invalidate_caches()
-    yield importlib.import_module("shrike_plugin_example")
-    pip("uninstall", "--yes", "shrike-plugin-example")
+    try:
+        yield importlib.import_module("shrike_plugin_example")
+    finally:
+        sys.path.remove(str(target))
+        for name in [m for m in sys.modules if m.split(".")[0] == "shrike_plugin_example"]:
+            del sys.modules[name]
+        importlib.invalidate_caches()
+    assert "example" not in installed_plugins()
+
+
+def test_the_example_plugin_is_not_installed_in_the_environment():
+    """Guards the fixture's promise: outside this module's temporary sys.path entry, no plugin is visible."""
+    leftover = "shrike-plugin-example is installed in this environment (left by an older test run?): " \
+               "pip uninstall shrike-plugin-example"
+    assert "example" not in installed_plugins(), leftover
+    result = subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", "show", "--quiet",
+                             "shrike-plugin-example"], capture_output=True)
+    assert result.returncode != 0, leftover
 
 
 def rmsnorm_inputs(dtype=torch.float32):

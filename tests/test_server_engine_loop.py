@@ -59,9 +59,11 @@ def test_a_failing_step_fails_only_its_requests_and_the_loop_keeps_serving(engin
 
     async def scenario(loop_engine):
         generation = await loop_engine.submit([prompt], LONG)
-        with pytest.raises(EngineStepError, match="injected fault"):
+        # The client learns the kind of failure, not its text (which may hold paths); the log has that.
+        with pytest.raises(EngineStepError, match=r"\(RuntimeError\); the server is still serving") as failure:
             async for _ in generation:
                 pass
+        assert "injected fault" not in str(failure.value)
         generation.close()
         await wait_for(lambda: loop_engine.load.kv_cache_usage == 0)
         again = await loop_engine.submit([prompt], SHORT)

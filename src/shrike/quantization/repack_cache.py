@@ -8,6 +8,7 @@ the file is memory-mapped; a file that fails the check is rebuilt from the check
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -18,7 +19,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from shrike.default_model import cache_dir
+from shrike.default_model import cache_dir, process_alive
 from shrike.quantization.safetensors_io import CheckpointFiles, StreamingSafetensorsWriter, TensorSpec
 
 CACHE_LAYOUT_VERSION = 1
@@ -68,6 +69,7 @@ class RepackCache:
         except (OSError, ValueError, KeyError, TypeError):
             self.manifest = {}
         self.writable = True
+        self.swept = False  # whether part-written files of dead writers were removed
         self.rebuilt: list[str] = []  # names whose cached file failed its check
 
     @property
@@ -97,9 +99,12 @@ class RepackCache:
         if not self.writable:
             return tensors
         file = f"{name}.safetensors"
+        tmp = _temporary(self.entry / file)
         try:
-            self.entry.mkdir(parents=True, exist_ok=True)
-            tmp = _temporary(self.entry / file)
+            if not self.swept:
+                self.entry.mkdir(parents=True, exist_ok=True)
+                _remove_abandoned_temporaries(self.entry)
+                self.swept = True
             writer = StreamingSafetensorsWriter(tmp, [TensorSpec(k, v.dtype, tuple(v.shape)) for k, v in tensors.items()])
             for key, tensor in tensors.items():
                 writer.write(key, tensor)
@@ -108,9 +113,13 @@ class RepackCache:
             self.manifest[name] = {"file": file, "size": writer.size, "crc32": writer.crc32}
             _atomic_write(self.entry / MANIFEST, json.dumps({"files": self.manifest}, indent=0).encode())
         except OSError as e:
-            print(f"shrike: cannot write the repack cache in {self.entry} ({e}); "
+            # A full disk, a quota, a read-only cache: serve from the checkpoint anyway, with a warning.
+            print(f"shrike: warning: cannot write the repack cache in {self.entry} ({e.strerror or e}); "
                   "repacked weights stay in memory and are rebuilt on the next start", file=sys.stderr)
             self.writable = False
+            for part in (tmp, _temporary(self.entry / MANIFEST)):  # part-written: only taking space the disk lacks
+                with contextlib.suppress(OSError):
+                    part.unlink()
             return tensors
         # Serve from the file just written: its pages are shared with the page cache instead of
         # being a second, private copy.
@@ -125,6 +134,14 @@ def _open(path: Path) -> dict[str, torch.Tensor]:
 def _temporary(path: Path) -> Path:
     """Written first, then renamed over `path`: other processes see the old file or the new one, never a part."""
     return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+
+def _remove_abandoned_temporaries(entry: Path) -> None:
+    """Delete part-written files of processes that died while writing (SIGKILL, power loss)."""
+    for tmp in entry.glob(".*.tmp"):
+        owner = tmp.name.rsplit(".", 2)[-2]
+        if owner.isdigit() and not process_alive(int(owner)):
+            tmp.unlink(missing_ok=True)
 
 
 def _atomic_write(path: Path, data: bytes) -> None:

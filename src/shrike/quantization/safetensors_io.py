@@ -14,6 +14,8 @@ from pathlib import Path
 
 import torch
 
+from shrike.errors import ConfigError
+
 DTYPE_CODES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32", torch.int8: "I8",
                torch.uint8: "U8", torch.int32: "I32", torch.int64: "I64"}
 DTYPES_BY_CODE = {code: dtype for dtype, code in DTYPE_CODES.items()}
@@ -31,10 +33,38 @@ class TensorSpec:
 
 
 def read_header(path: Path) -> tuple[dict, int]:
-    """(header dict, offset of the data region) of a safetensors file."""
+    """(header dict, offset of the data region) of a safetensors file, checked against the file's size.
+
+    A truncated or garbled file is a ConfigError naming it, before any tensor is read from it.
+    """
+    size = path.stat().st_size
     with open(path, "rb") as f:
-        (length,) = struct.unpack("<Q", f.read(8))
-        return json.loads(f.read(length)), 8 + length
+        prefix = f.read(8)
+        if len(prefix) < 8:
+            raise _damaged(path, f"{size} bytes, shorter than a header")
+        (length,) = struct.unpack("<Q", prefix)
+        if length > size - 8:
+            raise _damaged(path, f"its header claims {length} bytes but the file has {size}")
+        try:
+            header = json.loads(f.read(length))
+        except (UnicodeDecodeError, ValueError):
+            raise _damaged(path, "its header is not valid JSON") from None
+    if not isinstance(header, dict):
+        raise _damaged(path, "its header is not a JSON object")
+    data_start = 8 + length
+    try:
+        data_end = max((entry["data_offsets"][1] for name, entry in header.items() if name != "__metadata__"),
+                       default=0)
+    except (TypeError, KeyError, IndexError):
+        raise _damaged(path, "its header lacks tensor offsets") from None
+    if not isinstance(data_end, int) or data_start + data_end > size:
+        raise _damaged(path, f"it is truncated: its tensors need {data_start + data_end} bytes but the file has "
+                             f"{size}")
+    return header, data_start
+
+
+def _damaged(path: Path, reason: str) -> ConfigError:
+    return ConfigError(f"{path} is not a valid safetensors file ({reason}); re-download or re-convert the checkpoint")
 
 
 def read_tensor_into(path: Path, name: str, header: dict, data_start: int, out: torch.Tensor) -> None:

@@ -15,6 +15,7 @@ from shrike.server.context import ServerContext
 from shrike.server.errors import APIError, install_error_handlers
 from shrike.server.middleware import APIKeyMiddleware, RequestBodyMiddleware
 from shrike.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from shrike.server.shutdown import DrainMiddleware
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +42,8 @@ def build_app(ctx: ServerContext, log_stats: bool = True, startup_message: str |
     app.add_middleware(RequestBodyMiddleware)
     if ctx.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=ctx.api_key)
+    # Outermost: while shutting down everything, /health included, is refused before any other work.
+    app.add_middleware(DrainMiddleware, state=ctx.drain)
 
     @app.get("/health")
     async def health() -> Response:

@@ -10,6 +10,7 @@ API_KEY_ENV = "SHRIKE_API_KEY"
 DEFAULT_MAX_NUM_SEQS = 64
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 DEFAULT_MAX_QUEUE_LEN = 128
+DEFAULT_SHUTDOWN_TIMEOUT = 10.0
 
 
 def _int_at_least(minimum: int):
@@ -78,12 +79,17 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                         help="reuse the KV cache of equal prompt prefixes across requests (default: on)")
     parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV) or None,
-                        help=f"require `Authorization: Bearer KEY` on /v1/* (default: ${API_KEY_ENV}, else open)")
+                        help="require `Authorization: Bearer KEY` on every route but /health, /metrics, /version "
+                             f"and the API docs (default: ${API_KEY_ENV}, else open)")
     parser.add_argument("--generation-config", default="auto", choices=["auto", "vllm"],
                         help="auto: default sampling settings from the model's generation_config.json; "
                              "vllm: the OpenAI defaults (temperature 1, top_p 1)")
     parser.add_argument("--chat-template", default=None,
                         help="Jinja chat template file (or string) replacing the model's")
+    parser.add_argument("--shutdown-timeout", type=_positive_float, default=DEFAULT_SHUTDOWN_TIMEOUT, metavar="SECONDS",
+                        help="after SIGTERM/SIGINT, requests in flight get this long to finish while new ones get "
+                             "503; then they end with an error and the server exits 0 "
+                             f"(default: {DEFAULT_SHUTDOWN_TIMEOUT:g})")
     parser.add_argument("--disable-log-stats", action="store_true", help="do not log throughput every 10 s")
 
 

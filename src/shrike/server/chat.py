@@ -5,8 +5,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 
-from fastapi.responses import JSONResponse, StreamingResponse
-from starlette.background import BackgroundTask
+from fastapi.responses import JSONResponse
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -14,8 +13,8 @@ from shrike.engine.async_engine import Generation
 from shrike.sampling.sampler import TokenLogprobs
 from shrike.server.context import ServerContext
 from shrike.server.errors import bad_request
-from shrike.server.generation import (ChoiceText, clamp_logprob, outputs_until_disconnect, stream_events, submit,
-                                      usage)
+from shrike.server.generation import (ChoiceText, GenerationStream, clamp_logprob, outputs_until_disconnect,
+                                      submit, usage)
 from shrike.server.protocol import ChatCompletionRequest
 from shrike.server.sampling import build_sampling_params
 
@@ -49,8 +48,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request, 
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         events = _chunks(ctx, generation, response_id, created, len(prompt_ids), include_usage)
-        return StreamingResponse(stream_events(generation, events), media_type="text/event-stream",
-                                 background=BackgroundTask(generation.close))
+        return GenerationStream(generation, events)
     outputs = await outputs_until_disconnect(generation, request)
     if outputs is None:
         return Response(status_code=499)  # nobody is listening; the status only reaches the access log

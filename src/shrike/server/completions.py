@@ -6,8 +6,7 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from fastapi.responses import JSONResponse, StreamingResponse
-from starlette.background import BackgroundTask
+from fastapi.responses import JSONResponse
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -16,8 +15,8 @@ from shrike.engine.llm_engine import RequestOutput
 from shrike.sampling.sampler import TokenLogprobs
 from shrike.server.context import ServerContext
 from shrike.server.errors import bad_request
-from shrike.server.generation import (ChoiceText, clamp_logprob, outputs_until_disconnect, stream_events, submit,
-                                      usage)
+from shrike.server.generation import (ChoiceText, GenerationStream, clamp_logprob, outputs_until_disconnect,
+                                      submit, usage)
 from shrike.server.protocol import CompletionRequest
 from shrike.server.sampling import build_sampling_params
 
@@ -44,6 +43,8 @@ def _prompts(ctx: ServerContext, prompt: str | list[str] | list[int] | list[list
         if isinstance(item, str):
             prompts.append(_Prompt(item, ctx.encode(item, True, "prompt")))
         else:
+            # Before decoding it for echo: a megabyte of ids would otherwise hold up the event loop first.
+            ctx.check_prompt_length(len(item), "prompt")
             ctx.check_token_ids(item, "prompt")
             prompts.append(_Prompt(ctx.tokenizer.decode(item, skip_special_tokens=False), list(item)))
     return prompts
@@ -71,8 +72,7 @@ async def create_completion(body: CompletionRequest, request: Request, ctx: Serv
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         events = _chunks(ctx, generation, view, response_id, created, num_prompt_tokens, include_usage)
-        return StreamingResponse(stream_events(generation, events), media_type="text/event-stream",
-                                 background=BackgroundTask(generation.close))
+        return GenerationStream(generation, events)
     outputs = await outputs_until_disconnect(generation, request)
     if outputs is None:
         return Response(status_code=499)  # nobody is listening; the status only reaches the access log

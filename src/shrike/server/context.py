@@ -11,6 +11,7 @@ from shrike.server.errors import APIError, bad_request
 from shrike.server.metrics import ServerMetrics
 from shrike.server.protocol import ChatMessage
 from shrike.server.sampling import SamplingDefaults
+from shrike.server.shutdown import DrainState
 from shrike.tokenizer import Tokenizer
 
 
@@ -27,6 +28,7 @@ class ServerContext:
     metrics: ServerMetrics
     api_key: str | None
     created: int = field(default_factory=lambda: int(time.time()))
+    drain: DrainState = field(default_factory=DrainState)  # set on SIGTERM/SIGINT
     _token_texts: dict[int, str] = field(default_factory=dict)  # bounded by the vocabulary
 
     @property
@@ -60,6 +62,11 @@ class ServerContext:
                               "messages") from None
         # The template places any BOS itself.
         return self.encode(prompt, add_special_tokens=False, param="messages")
+
+    def check_prompt_length(self, num_tokens: int, param: str) -> None:
+        if num_tokens >= self.max_model_len:
+            raise bad_request(f"the prompt has {num_tokens} tokens but the maximum context length is "
+                              f"{self.max_model_len} tokens (prompt plus output); shorten the prompt", param)
 
     def check_token_ids(self, ids: list[int], param: str, limit: int | None = None) -> None:
         limit = self.vocab_size if limit is None else limit

@@ -7,6 +7,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from starlette.requests import Request
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from shrike.engine.async_engine import Generation
 from shrike.engine.llm_engine import RequestOutput
@@ -67,6 +69,25 @@ async def stream_events(generation: Generation, events: AsyncIterator[dict]) -> 
     finally:
         generation.close()
     yield "data: [DONE]\n\n"
+
+
+class GenerationStream(StreamingResponse):
+    """Server-sent events of a generation, which is closed (aborted if unfinished) however the response ends.
+
+    The event generator closes it in its `finally`, but only once it has started, and a background
+    task does not run when the response is cancelled: a response cancelled or failing before its
+    first event (a client gone that early) would otherwise strand the admission.
+    """
+
+    def __init__(self, generation: Generation, events: AsyncIterator[dict]):
+        super().__init__(stream_events(generation, events), media_type="text/event-stream")
+        self.generation = generation
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.generation.close()
 
 
 def sse(data: dict) -> str:

@@ -93,6 +93,19 @@ class ServerMetrics(GenerationObserver):
                [sample("shrike:num_requests_waiting", load.waiting_requests)])
         family("shrike:kv_cache_usage_perc", "gauge", "Fraction of KV-cache blocks in use (1 = full).",
                [sample("shrike:kv_cache_usage_perc", load.kv_cache_usage)])
+        family("shrike:kv_cache_blocks", "gauge", "KV-cache blocks in the pool.",
+               [sample("shrike:kv_cache_blocks", load.num_blocks)])
+        family("shrike:kv_cache_free_blocks", "gauge",
+               "KV-cache blocks held by no sequence (cached prefixes count as free); all of them when idle.",
+               [sample("shrike:kv_cache_free_blocks", load.num_free_blocks)])
+        family("shrike:num_sequences_in_flight", "gauge",
+               "Sequences admitted and not yet released by their request's handler (0 when idle).",
+               [sample("shrike:num_sequences_in_flight", load.sequences_in_flight)])
+        family("shrike:engine_steps_total", "counter", "Engine-loop iterations that had work.",
+               [sample("shrike:engine_steps_total", load.num_steps)])
+        family("shrike:engine_step_seconds_max", "gauge",
+               "Longest engine-loop iteration since start (commands, one step, hand-over): its worst stall.",
+               [sample("shrike:engine_step_seconds_max", load.longest_step_seconds)])
         family("shrike:num_preemptions_total", "counter", "Sequences preempted for lack of KV-cache blocks.",
                [sample("shrike:num_preemptions_total", load.num_preemptions)])
         family("shrike:prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache.",

@@ -10,15 +10,21 @@ from shrike.server.errors import APIError
 MAX_BODY_BYTES = 8 << 20  # a full 128k-token prompt as JSON token ids is about 1 MiB
 
 
+# What stays reachable without the API key (as in vLLM): probes, monitoring and API documentation,
+# none of which reaches the model or its tokenizer. Everything else, unknown paths included, needs the key,
+# so a route added later is guarded unless it is listed here on purpose.
+OPEN_PATHS = frozenset({"/", "/health", "/metrics", "/version", "/openapi.json", "/docs", "/redoc"})
+
+
 class APIKeyMiddleware:
-    """`Authorization: Bearer KEY` on /v1/*; /health and the rest stay open (as in vLLM)."""
+    """`Authorization: Bearer KEY` on every path but OPEN_PATHS."""
 
     def __init__(self, app: ASGIApp, api_key: str):
         self.app = app
         self.expected = f"Bearer {api_key}".encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/v1"):
+        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
             given = dict(scope["headers"]).get(b"authorization", b"")
             # Constant time: how much of a guess matched must not show in the response time.
             if not hmac.compare_digest(given, self.expected):

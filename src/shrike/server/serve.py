@@ -18,19 +18,12 @@ from shrike.server.app import build_app
 from shrike.server.context import ServerContext
 from shrike.server.metrics import ServerMetrics
 from shrike.server.sampling import SamplingDefaults
+from shrike.server.shutdown import DrainingServer
 
 logger = logging.getLogger("shrike.server")
 
-# In-flight requests get this long to finish after SIGTERM/SIGINT; then they are cancelled.
-GRACEFUL_SHUTDOWN_SECONDS = 10
-
-
-class _Server(uvicorn.Server):
-    def handle_exit(self, sig: int, frame) -> None:
-        if not self.should_exit:
-            logger.info("received %s: no new connections; in-flight requests get up to %d s to finish",
-                        signal.Signals(sig).name, GRACEFUL_SHUTDOWN_SECONDS)
-        super().handle_exit(sig, frame)
+# Once draining is over: how long uvicorn waits for connections to close before cancelling them.
+CONNECTION_CLOSE_SECONDS = 2
 
 
 def serve_main(args: argparse.Namespace) -> int:
@@ -56,7 +49,8 @@ def serve_main(args: argparse.Namespace) -> int:
     host, port = listener.getsockname()[:2]
     app = build_app(ctx, log_stats=not args.disable_log_stats,
                     startup_message=_startup_line(ctx, engine, host, port, args.generation_config))
-    server = _Server(uvicorn.Config(app, log_config=None, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS))
+    server = DrainingServer(uvicorn.Config(app, log_config=None, timeout_graceful_shutdown=CONNECTION_CLOSE_SECONDS),
+                            ctx.drain, args.shutdown_timeout, async_engine.stop)
     # uvicorn re-raises the signal it stopped for once it has put back the previous handlers;
     # a requested stop is a success, so those handlers let it pass and we exit 0.
     for sig in (signal.SIGINT, signal.SIGTERM):
