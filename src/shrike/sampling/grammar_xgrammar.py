@@ -1,6 +1,7 @@
 """The xgrammar backend: grammars precompiled against the vocabulary (optional: pip install shrike[xgrammar])."""
 from __future__ import annotations
 
+import re
 import threading
 
 import torch
@@ -13,6 +14,39 @@ try:
 except ImportError as e:  # pragma: no cover - depends on the installation
     raise ImportError(f"the xgrammar backend needs the xgrammar package ({e}); pip install 'shrike[xgrammar]' "
                       "or use --structured-outputs-backend llguidance") from None
+
+
+# Keywords xgrammar enforces, plus annotations that constrain nothing. Anything else in a schema would be
+# silently ignored by xgrammar, so it is refused instead.
+_ENFORCED = {"type", "properties", "required", "additionalProperties", "items", "prefixItems", "minItems", "maxItems",
+             "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "$defs", "definitions", "pattern", "format",
+             "minLength", "maxLength", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+             "patternProperties", "propertyNames", "minProperties", "maxProperties", "unevaluatedProperties",
+             "unevaluatedItems", "additionalItems", "multipleOf"}
+_ANNOTATIONS = {"title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated",
+                "readOnly", "writeOnly", "strict", "discriminator"}
+# Keywords whose value is a map of names to schemas, or a list of schemas.
+_SCHEMA_MAPS = {"properties", "patternProperties", "$defs", "definitions"}
+_SCHEMA_LISTS = {"anyOf", "oneOf", "allOf", "prefixItems"}
+_LOCATION = re.compile(r"^\[[\d:]+\] \S+:\d+: ")
+
+
+def check_enforceable(schema, path: str = "#") -> None:
+    """Raise GrammarError naming the first keyword xgrammar would ignore."""
+    if not isinstance(schema, dict):
+        return
+    for key, value in schema.items():
+        if key not in _ENFORCED and key not in _ANNOTATIONS:
+            raise GrammarError(f"the JSON schema uses {key!r} at {path}, which the xgrammar backend cannot enforce")
+        if key in _SCHEMA_MAPS and isinstance(value, dict):
+            for name, sub in value.items():
+                check_enforceable(sub, f"{path}/{key}/{name}")
+        elif key in _SCHEMA_LISTS and isinstance(value, list):
+            for i, sub in enumerate(value):
+                check_enforceable(sub, f"{path}/{key}/{i}")
+        elif key in ("items", "additionalProperties", "propertyNames", "additionalItems", "unevaluatedProperties",
+                     "unevaluatedItems"):
+            check_enforceable(value, f"{path}/{key}")
 
 
 class XGrammarCompiler(GrammarCompiler):
@@ -38,6 +72,7 @@ class XGrammarCompiler(GrammarCompiler):
         compiler = self.xgrammar_compiler()
         try:
             if spec.kind == "json_schema":
+                check_enforceable(spec.value)
                 compiled = compiler.compile_json_schema(spec.value, any_whitespace=False, strict_mode=True)
             elif spec.kind == "json_object":
                 compiled = compiler.compile_json_schema({"type": "object"}, any_whitespace=False)
@@ -57,7 +92,7 @@ class XGrammarCompiler(GrammarCompiler):
         except GrammarError:
             raise
         except Exception as e:  # noqa: BLE001 - xgrammar raises RuntimeError and friends for bad input
-            raise GrammarError(f"invalid or not enforceable by xgrammar: {one_line(e)}") from None
+            raise GrammarError(f"invalid or not enforceable by xgrammar: {_LOCATION.sub('', one_line(e))}") from None
         return _Compiled(compiled)
 
 
