@@ -12,16 +12,17 @@ from starlette.responses import Response
 
 from shrike.engine.async_engine import Generation
 from shrike.sampling.sampler import TokenLogprobs
+from shrike.server.chat_stream import ChoiceDeltas
 from shrike.server.context import ServerContext
 from shrike.server.errors import bad_request
 from shrike.server.generation import (ChoiceText, clamp_logprob, outputs_until_disconnect, stream_events, submit,
                                       usage)
 from shrike.server.protocol import ChatCompletionRequest
+from shrike.server.reasoning import CLOSE, AfterReasoning, ReasoningParser
 from shrike.server.sampling import build_sampling_params
 from shrike.server.structured import compile_grammar, requested_grammar
 from shrike.server.tool_choice import plan_tools
 from shrike.server.tools.base import ToolParser
-from shrike.server.tools.stream import ToolCallStream
 
 PARAM_NAMES = set(ChatCompletionRequest.model_fields)
 
@@ -48,6 +49,8 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request, 
                                    else None, None, ctx.max_num_seqs, ctx.vocab_size)
     if grammar is not None:
         params.grammar = await compile_grammar(ctx, grammar)
+        if ctx.reasoning_parser is not None and not _reasoning_closed_in_prompt(ctx, prompt_ids):
+            params.grammar = AfterReasoning(params.grammar, ctx.tokenizer.encode(CLOSE, add_special_tokens=False))
     if plan.parser is not None and plan.parser.keeps_special_tokens:
         params.skip_special_tokens = False  # the format's markers are special tokens
     generation = await submit(ctx, [prompt_ids], params, PARAM_NAMES, "messages")
@@ -72,28 +75,35 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request, 
     completion_tokens = sum(c.num_tokens for c in choices)
     return JSONResponse({
         "id": response_id, "object": "chat.completion", "created": created, "model": ctx.model_name,
-        "choices": [{"index": i, **_answer(plan.parser, c.text, c.finish_reason),
+        "choices": [{"index": i, **_answer(ctx.reasoning_parser, plan.parser, c.text, c.finish_reason),
                      "logprobs": _logprobs(ctx, c.logprobs) if body.logprobs else None}
                     for i, c in enumerate(choices)],
         "usage": usage(len(prompt_ids), completion_tokens),
     })
 
 
-def _answer(parser: ToolParser | None, text: str, finish_reason: str | None) -> dict:
-    """The message and finish reason of one choice, with any tool calls read out of its text."""
-    calls = []
-    if parser is not None:
-        content, calls = parser.extract(text)
+def _reasoning_closed_in_prompt(ctx: ServerContext, prompt_ids: list[int]) -> bool:
+    """Templates that turn thinking off end the prompt with an empty <think></think>: no reasoning follows."""
+    return CLOSE in ctx.tokenizer.decode(prompt_ids[-8:], skip_special_tokens=False)
+
+
+def _answer(reasoning_parser: ReasoningParser | None, parser: ToolParser | None, text: str,
+            finish_reason: str | None) -> dict:
+    """The message and finish reason of one choice: reasoning split off, tool calls read out of its text."""
+    message: dict = {"role": "assistant"}
+    if reasoning_parser is not None:
+        message["reasoning_content"], text = reasoning_parser.split(text)
+    content, calls = parser.extract(text) if parser is not None else (text, [])
     if not calls:
-        return {"message": {"role": "assistant", "content": text}, "finish_reason": finish_reason}
-    return {"message": {"role": "assistant", "content": content, "tool_calls": [c.as_dict() for c in calls]},
+        return {"message": {**message, "content": text}, "finish_reason": finish_reason}
+    return {"message": {**message, "content": content, "tool_calls": [c.as_dict() for c in calls]},
             "finish_reason": "tool_calls" if finish_reason == "stop" else finish_reason}
 
 
 async def _chunks(ctx: ServerContext, generation: Generation, response_id: str, created: int,
                   num_prompt_tokens: int, include_usage: bool, parser: ToolParser | None) -> AsyncIterator[dict]:
     want_logprobs = generation.params.logprobs is not None
-    streams = [ToolCallStream(parser) if parser is not None else None for _ in range(generation.params.n)]
+    streams = [ChoiceDeltas(ctx.reasoning_parser, parser) for _ in range(generation.params.n)]
 
     def chunk(choices: list[dict]) -> dict:
         event = {"id": response_id, "object": "chat.completion.chunk", "created": created, "model": ctx.model_name,
@@ -110,14 +120,11 @@ async def _chunks(ctx: ServerContext, generation: Generation, response_id: str, 
             completion_tokens += len(delta.token_ids)
             stream = streams[delta.index]
             finish_reason = delta.finish_reason
-            if stream is None:
-                pieces = [{"content": delta.text}] if delta.text else []
-            else:
-                pieces = stream.push(delta.text) if delta.text else []
-                if finish_reason is not None:
-                    pieces += stream.finish()
-                    if stream.has_calls and finish_reason == "stop":
-                        finish_reason = "tool_calls"
+            pieces = stream.push(delta.text)
+            if finish_reason is not None:
+                pieces += stream.finish()
+                if stream.has_calls and finish_reason == "stop":
+                    finish_reason = "tool_calls"
             if not pieces and finish_reason is None and not want_logprobs:
                 continue  # bytes of a character still incomplete, or text held back (stop string, tool call)
             pieces = pieces or [{}]

@@ -12,6 +12,7 @@ from shrike.sampling.grammar import GrammarCompiler
 from shrike.server.errors import APIError, bad_request
 from shrike.server.metrics import ServerMetrics
 from shrike.server.protocol import ChatMessage
+from shrike.server.reasoning import ReasoningParser
 from shrike.server.sampling import SamplingDefaults
 from shrike.tokenizer import Tokenizer
 
@@ -31,6 +32,7 @@ class ServerContext:
     grammar_compiler: GrammarCompiler | None = None  # structured outputs and forced tool calls
     tool_parser_class: type | None = None  # --tool-call-parser (a ToolParser subclass)
     enable_auto_tool_choice: bool = False
+    reasoning_parser: "ReasoningParser | None" = None  # --reasoning-parser
     created: int = field(default_factory=lambda: int(time.time()))
     _token_texts: dict[int, str] = field(default_factory=dict)  # bounded by the vocabulary
 

@@ -19,6 +19,7 @@ from shrike.sampling.grammar import GrammarCompiler, new_grammar_compiler
 from shrike.server.app import build_app
 from shrike.server.context import ServerContext
 from shrike.server.metrics import ServerMetrics
+from shrike.server.reasoning import ReasoningParser
 from shrike.server.sampling import SamplingDefaults
 
 logger = logging.getLogger("shrike.server")
@@ -57,7 +58,8 @@ def serve_main(args: argparse.Namespace) -> int:
                         vocab_size=engine.model_config.vocab_size, max_num_seqs=args.max_num_seqs,
                         defaults=defaults, metrics=metrics, api_key=args.api_key,
                         grammar_compiler=_grammar_compiler(args.structured_outputs_backend, engine),
-                        tool_parser_class=tool_parser_class, enable_auto_tool_choice=args.enable_auto_tool_choice)
+                        tool_parser_class=tool_parser_class, enable_auto_tool_choice=args.enable_auto_tool_choice,
+                        reasoning_parser=ReasoningParser(args.reasoning_parser) if args.reasoning_parser else None)
     host, port = listener.getsockname()[:2]
     app = build_app(ctx, log_stats=not args.disable_log_stats,
                     startup_message=_startup_line(ctx, engine, host, port, args.generation_config))
