@@ -45,7 +45,11 @@ class SequenceConstraint:
         if self.broken:
             return None
         if self._pending is not None:
-            self._pending.result()
+            if self._pending.cancel():  # the worker has not got to it: faster to compute it here
+                self.matcher.fill_mask(self.mask)
+            else:
+                self._pending.result()
+            self._pending = None
         return self.mask
 
     def accept(self, token_id: int) -> None:

@@ -11,13 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from shrike.sampling.constraint import SequenceConstraint
 from shrike.sampling.params import SamplingParams
-
-_BIT_SHIFTS = torch.arange(32, dtype=torch.int32)  # (32,)
-
 
 @dataclass
 class SamplingRow:
@@ -28,8 +26,8 @@ class SamplingRow:
     output_ids: list[int]
     eos_ids: frozenset[int]
     generator: torch.Generator | None  # seeded requests own one; others share the default
-    constraint: SequenceConstraint | None = None  # from params.grammar unless given
-    penalty_counts: "_PenaltyCounts | None" = field(default=None, repr=False)
+    constraint: SequenceConstraint | None = field(default=None, compare=False)  # from params.grammar unless given
+    penalty_counts: "_PenaltyCounts | None" = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
         if self.constraint is None and self.params.grammar is not None:
@@ -117,11 +115,17 @@ def _ban_end_tokens(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
 
 def allowed_tokens(masks: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """masks: (R, ceil(V/32)) int32 bitmasks -> (R, vocab_size) bool."""
-    bits = (masks[:, :, None] >> _BIT_SHIFTS) & 1  # (R, W, 32)
-    allowed = bits.view(masks.shape[0], -1).bool()
-    if allowed.shape[1] < vocab_size:  # ids the grammar's vocabulary does not cover
-        allowed = torch.nn.functional.pad(allowed, (0, vocab_size - allowed.shape[1]))
-    return allowed[:, :vocab_size]
+    return torch.from_numpy(_allowed(masks, vocab_size))
+
+
+# Masks are expanded and applied with numpy, on this thread alone: a torch op here would wake torch's worker
+# threads right after the grammar engine's native code ran, which on a busy machine can cost milliseconds.
+def _allowed(masks: torch.Tensor, vocab_size: int) -> np.ndarray:
+    # Little-endian int32 words: byte b of word w holds tokens 32w + 8b ... 32w + 8b + 7, lowest bit first.
+    bits = np.unpackbits(masks.numpy().view(np.uint8), axis=1, bitorder="little")  # (R, 32 W) of 0/1
+    if bits.shape[1] < vocab_size:  # ids the grammar's vocabulary does not cover
+        bits = np.pad(bits, ((0, 0), (0, vocab_size - bits.shape[1])))
+    return bits[:, :vocab_size].view(np.bool_)
 
 
 def _apply_grammars(logits: torch.Tensor, rows: list[SamplingRow]) -> list[int]:
@@ -130,17 +134,18 @@ def _apply_grammars(logits: torch.Tensor, rows: list[SamplingRow]) -> list[int]:
     masked = [(i, mask) for i, mask in masked if mask is not None]
     if not masked:
         return []
-    idx = torch.tensor([i for i, _ in masked])
-    allowed = allowed_tokens(torch.stack([mask for _, mask in masked]), logits.shape[1])  # (C, V)
-    values = logits[idx]
-    constrained = values.masked_fill(~allowed, float("-inf"))
+    idx = [i for i, _ in masked]
+    allowed = _allowed(torch.stack([mask for _, mask in masked]), logits.shape[1])  # (C, V)
+    values = logits[idx].numpy()  # (C, V), a copy
+    constrained = np.where(allowed, values, -np.inf).astype(values.dtype)
     # A grammar that can only end while min_tokens bans the end tokens: the grammar wins.
-    nothing_left = torch.isneginf(constrained.max(dim=1).values)
+    nothing_left = np.isneginf(constrained.max(axis=1))
     if nothing_left.any():
-        unbanned = torch.where(allowed, values.clamp(min=torch.finfo(values.dtype).min), float("-inf"))
-        constrained[nothing_left] = unbanned[nothing_left]
-    logits[idx] = constrained
-    return [i for i, _ in masked]
+        lowest = np.finfo(values.dtype).min
+        constrained[nothing_left] = np.where(allowed[nothing_left], np.maximum(values[nothing_left], lowest),
+                                             -np.inf)
+    logits[idx] = torch.from_numpy(constrained)
+    return idx
 
 
 def _truncate(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
