@@ -117,3 +117,13 @@ def test_parsers_come_from_the_registry_and_unknown_names_are_refused():
     assert "hermes" in registry.describe()["tool_parser"]
     with pytest.raises(Exception, match="tool call parser 'nope' is not supported.*hermes"):
         registry.tool_parser("nope")
+
+
+@pytest.mark.parametrize("name", list(BUILTIN_TOOL_PARSERS))
+def test_absurdly_nested_output_is_content_not_a_crash(name):
+    output = {"hermes": '<tool_call>{"name": "f", "arguments": ' + "[" * 50000 + "}</tool_call>",
+              "llama3_json": '{"name": "f", "parameters": ' + "[" * 50000,
+              "mistral": '[TOOL_CALLS][{"name": "f", "arguments": ' + "[" * 50000,
+              "pythonic": "[f(a=" + "[" * 50000 + ")]"}[name]
+    assert BUILTIN_TOOL_PARSERS[name]().extract(output) == (output, [])
+    _stream(BUILTIN_TOOL_PARSERS[name](), output, 5000)  # streamed, it must not raise either

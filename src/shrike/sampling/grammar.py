@@ -46,7 +46,8 @@ class GrammarSpec:
     param: str
 
     def key(self) -> str:
-        return json.dumps([self.kind, self.value], sort_keys=True, ensure_ascii=False)
+        # Key order is kept: a schema's property order is the order the answer is written in.
+        return json.dumps([self.kind, self.value], ensure_ascii=False)
 
 
 def mask_words(vocab_size: int) -> int:

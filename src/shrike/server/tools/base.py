@@ -7,6 +7,10 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
 
+# What reading a malformed section can raise (deep nesting included); never a server error.
+PARSE_ERRORS = (ValueError, SyntaxError, TypeError, KeyError, RecursionError, MemoryError)
+
+
 def new_call_id() -> str:
     return f"chatcmpl-tool-{uuid.uuid4().hex[:24]}"
 
@@ -63,7 +67,7 @@ class ToolParser(ABC):
             return text, []
         try:
             calls = self.calls(text[start:])
-        except (ValueError, SyntaxError, TypeError, KeyError):
+        except PARSE_ERRORS:
             return text, []
         if not calls:
             return text, []

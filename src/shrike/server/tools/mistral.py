@@ -28,8 +28,8 @@ class MistralToolParser(ToolParser):
             return self._array_calls(section, pos)
         calls = []
         for block in section.split(TOOL_CALLS)[1:]:
-            name, _, arguments = block.partition(ARGS)
-            if not _NAME.fullmatch(name.strip()) or not _:
+            name, has_args, arguments = block.partition(ARGS)
+            if not _NAME.fullmatch(name.strip()) or not has_args:
                 raise ValueError("expected name[ARGS]{...}")
             scan = scan_object(arguments)
             if scan.end is None or arguments[scan.end:].strip():

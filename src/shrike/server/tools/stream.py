@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shrike.server.tools.base import ToolParser, new_call_id
+from shrike.server.tools.base import PARSE_ERRORS, ToolParser, new_call_id
 
 
 @dataclass
@@ -46,7 +46,7 @@ class ToolCallStream:
         if not self.malformed:
             try:
                 partial = self.parser.partial_calls(self.text[self.section:])
-            except (ValueError, SyntaxError, TypeError):
+            except PARSE_ERRORS:
                 self.malformed = True  # sent as content at the end, unless calls went out already
                 return deltas
             deltas += self._calls(partial)
@@ -59,7 +59,7 @@ class ToolCallStream:
         try:
             complete = self.parser.calls(self.text[self.section:])
             partial = self.parser.partial_calls(self.text[self.section:])
-        except (ValueError, SyntaxError, TypeError, KeyError):
+        except PARSE_ERRORS:
             complete = partial = []
         if not complete:
             return [] if self.sent else self._content(len(self.text))
