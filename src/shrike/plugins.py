@@ -6,7 +6,7 @@ A plugin is a Python package with an entry point in the ``shrike.plugins`` group
     my-plugin = "my_package:register"
 
 ``register(registry)`` receives a ``PluginRegistrar`` and calls its ``register_architecture``,
-``register_quantization`` and ``register_op`` methods. What a plugin registers takes priority
+``register_quantization``, ``register_op`` and ``register_tool_parser`` methods. What a plugin registers takes priority
 over Shrike's built-ins (see ``shrike.registry``).
 
 ``SHRIKE_PLUGINS`` chooses which installed plugins load: unset loads all of them, an empty value
@@ -39,6 +39,10 @@ class PluginRegistrar:
 
     def register_op(self, op: str, fn: Callable) -> None:
         self._registry.register_op(op, fn, source="plugin", provider=self.plugin)
+
+    def register_tool_parser(self, name: str, parser: type) -> None:
+        """parser: a shrike.server.tools.ToolParser subclass, chosen with --tool-call-parser NAME."""
+        self._registry.register_tool_parser(name, parser, source="plugin", provider=self.plugin)
 
 
 def installed_plugins() -> dict[str, EntryPoint]:
@@ -87,10 +91,12 @@ def build_registry(environ: Mapping[str, str] = os.environ) -> Registry:
     from shrike.model.llama import register_architectures
     from shrike.ops import register_builtin_ops
     from shrike.quantization.loading import QuantizedLinearFactory
+    from shrike.server.tools import register_tool_parsers
 
     registry = Registry()
     register_builtin_ops(registry)
     register_architectures(registry)
     registry.register_quantization("compressed-tensors", QuantizedLinearFactory)
+    register_tool_parsers(registry)
     load_plugins(registry, environ)
     return registry

@@ -1,4 +1,4 @@
-"""What Shrike can run: model architectures, quantization schemes and kernel ops, by name.
+"""What Shrike can run: model architectures, quantization schemes, kernel ops and tool-call parsers, by name.
 
 Every name may have several implementations; one priority order picks among them:
 
@@ -15,7 +15,7 @@ from typing import Any
 from shrike.errors import ConfigError
 
 SOURCE_PRIORITY = ("plugin", "builtin", "reference")
-KINDS = ("architecture", "quantization", "op")
+KINDS = ("architecture", "quantization", "op", "tool_parser")
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,9 @@ class Registry:
     def register_op(self, op: str, fn: Callable, source: str, provider: str = "shrike"):
         self._add("op", op, Implementation(fn, source, provider))
 
+    def register_tool_parser(self, name: str, parser: type, source: str = "builtin", provider: str = "shrike"):
+        self._add("tool_parser", name, Implementation(parser, source, provider))
+
     def resolve_op(self, op: str, kernel_backend: str = "auto") -> Implementation:
         """The best implementation of `op`, or its reference with kernel_backend "reference"."""
         entries = self._tables["op"][op]
@@ -80,6 +83,9 @@ class Registry:
 
     def quantization(self, name: str) -> Implementation:
         return self._resolve_user_choice("quantization", name, "quantization scheme")
+
+    def tool_parser(self, name: str) -> Implementation:
+        return self._resolve_user_choice("tool_parser", name, "tool call parser")
 
     def describe(self) -> dict[str, Any]:
         """For each kind and name: the implementation chosen and every candidate, best first."""

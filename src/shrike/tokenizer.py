@@ -52,6 +52,18 @@ class Tokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
+    def tokenizer_json(self) -> str:
+        """The whole tokenizer as tokenizer.json text (grammar backends build their token tries from it)."""
+        return self._tokenizer.to_str()
+
+    def token_strings(self) -> list[str]:
+        """Each token id's vocabulary entry (byte-level or SentencePiece spelling), "" for unused ids."""
+        vocab = self._tokenizer.get_vocab(with_added_tokens=True)
+        strings = [""] * (max(vocab.values()) + 1)
+        for text, token_id in vocab.items():
+            strings[token_id] = text
+        return strings
+
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
                             tools: list[dict] | None = None, documents: list[dict] | None = None,
                             **template_kwargs: Any) -> str:

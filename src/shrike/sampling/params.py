@@ -2,6 +2,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from shrike.sampling.grammar import CompiledGrammar
 
 MAX_LOGPROBS = 20
 
@@ -25,6 +29,7 @@ class SamplingParams:
     prompt_logprobs: int | None = None  # same for the prompt tokens (echo)
     skip_special_tokens: bool = True
     n: int = 1
+    grammar: "CompiledGrammar | None" = None  # constrained decoding: every choice follows this grammar
 
     def __post_init__(self):
         if isinstance(self.stop, str):

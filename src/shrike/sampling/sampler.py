@@ -1,26 +1,58 @@
 """Turns a batch of next-token logits into tokens, one row per sequence.
 
-Logprobs are taken from the model's raw distribution (before penalties, temperature and
+Every stage works on the whole batch at once: penalties, bans, grammar masks, temperature, top-k,
+min-p, top-p and the draw itself; only rows with their own seed draw one by one (each from its own
+generator). Penalties read per-sequence token-count tensors that grow by the new tokens each step.
+
+Logprobs are taken from the model's raw distribution (before penalties, temperature, masks and
 truncation) with one log_softmax over the same logits: asking for them costs a top-k.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
+from shrike.sampling.constraint import SequenceConstraint
 from shrike.sampling.params import SamplingParams
-
 
 @dataclass
 class SamplingRow:
-    """What the sampler needs to know about one sequence."""
+    """What the sampler needs to know about one sequence, and what it keeps between steps."""
 
     params: SamplingParams
     prompt_ids: list[int]
     output_ids: list[int]
     eos_ids: frozenset[int]
     generator: torch.Generator | None  # seeded requests own one; others share the default
+    constraint: SequenceConstraint | None = field(default=None, compare=False)  # from params.grammar unless given
+    penalty_counts: "_PenaltyCounts | None" = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self):
+        if self.constraint is None and self.params.grammar is not None:
+            self.constraint = SequenceConstraint(self.params.grammar, self.eos_ids)
+
+
+class _PenaltyCounts:
+    """A sequence's token counts, kept up to date by adding only the tokens generated since the last step."""
+
+    def __init__(self, vocab_size: int, prompt_ids: list[int], with_prompt: bool):
+        self.output = torch.zeros(vocab_size, dtype=torch.int32)  # (V,) times each token was generated
+        self.seen: torch.Tensor | None = None  # (V,) bool: in the prompt or generated (repetition penalty)
+        if with_prompt:
+            self.seen = torch.zeros(vocab_size, dtype=torch.bool)
+            self.seen[torch.tensor(prompt_ids, dtype=torch.int64)] = True
+        self.num_counted = 0
+
+    def update(self, output_ids: list[int]) -> None:
+        new = output_ids[self.num_counted:]
+        if new:
+            ids = torch.tensor(new, dtype=torch.int64)
+            self.output.index_add_(0, ids, torch.ones(len(new), dtype=torch.int32))
+            if self.seen is not None:
+                self.seen[ids] = True
+            self.num_counted = len(output_ids)
 
 
 @dataclass
@@ -42,54 +74,137 @@ def top_logprobs(logprobs: torch.Tensor, token_ids: torch.Tensor, k: int) -> lis
     return [TokenLogprobs(int(t), c, i, v) for t, c, i, v in zip(token_ids.tolist(), chosen, indices, values)]
 
 
-def _apply_penalties(logits: torch.Tensor, row: SamplingRow) -> None:
-    p = row.params
-    if p.repetition_penalty != 1.0:
-        seen = torch.tensor(sorted(set(row.prompt_ids) | set(row.output_ids)), dtype=torch.int64)
-        values = logits[seen]
-        logits[seen] = torch.where(values > 0, values / p.repetition_penalty, values * p.repetition_penalty)
-    if (p.presence_penalty or p.frequency_penalty) and row.output_ids:
-        ids, counts = torch.tensor(row.output_ids, dtype=torch.int64).unique(return_counts=True)
-        logits[ids] -= p.presence_penalty + p.frequency_penalty * counts.to(logits.dtype)
+def _counts(row: SamplingRow, vocab_size: int) -> _PenaltyCounts:
+    if row.penalty_counts is None:
+        row.penalty_counts = _PenaltyCounts(vocab_size, row.prompt_ids, row.params.repetition_penalty != 1.0)
+    row.penalty_counts.update(row.output_ids)
+    return row.penalty_counts
 
 
-def _truncate(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
-    """logits: (V,) already divided by temperature -> the same with excluded tokens at -inf."""
-    if p.top_k > 0 and p.top_k < logits.shape[-1]:
-        kth = logits.topk(p.top_k).values[-1]
+def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
+    """logits: (B, V), changed in place."""
+    vocab = logits.shape[1]
+    repetition = [i for i, r in enumerate(rows) if r.params.repetition_penalty != 1.0]
+    additive = [i for i, r in enumerate(rows) if (r.params.presence_penalty or r.params.frequency_penalty)
+                and r.output_ids]
+    counts = {i: _counts(rows[i], vocab) for i in dict.fromkeys(repetition + additive)}
+    if repetition:
+        idx = torch.tensor(repetition)
+        seen = torch.stack([counts[i].seen for i in repetition])  # (R, V)
+        penalty = torch.tensor([rows[i].params.repetition_penalty for i in repetition])[:, None]  # (R, 1)
+        values = logits[idx]
+        penalised = torch.where(values > 0, values / penalty, values * penalty)
+        logits[idx] = torch.where(seen, penalised, values)
+    if additive:
+        idx = torch.tensor(additive)
+        output = torch.stack([counts[i].output for i in additive]).to(logits.dtype)  # (A, V)
+        presence = torch.tensor([rows[i].params.presence_penalty for i in additive])[:, None]  # (A, 1)
+        frequency = torch.tensor([rows[i].params.frequency_penalty for i in additive])[:, None]  # (A, 1)
+        logits[idx] -= presence * (output > 0) + frequency * output
+
+
+def _ban_end_tokens(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
+    """Keep stop and EOS tokens out until a row has min_tokens."""
+    for i, row in enumerate(rows):
+        p = row.params
+        if len(row.output_ids) < p.min_tokens:
+            banned = [t for t in (set(p.stop_token_ids) | (set() if p.ignore_eos else row.eos_ids))
+                      if t < logits.shape[1]]
+            logits[i, banned] = float("-inf")
+
+
+def allowed_tokens(masks: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """masks: (R, ceil(V/32)) int32 bitmasks -> (R, vocab_size) bool."""
+    return torch.from_numpy(_allowed(masks, vocab_size))
+
+
+# Masks are expanded and applied with numpy, on this thread alone: a torch op here would wake torch's worker
+# threads right after the grammar engine's native code ran, which on a busy machine can cost milliseconds.
+def _allowed(masks: torch.Tensor, vocab_size: int) -> np.ndarray:
+    # Little-endian int32 words: byte b of word w holds tokens 32w + 8b ... 32w + 8b + 7, lowest bit first.
+    bits = np.unpackbits(masks.numpy().view(np.uint8), axis=1, bitorder="little")  # (R, 32 W) of 0/1
+    if bits.shape[1] < vocab_size:  # ids the grammar's vocabulary does not cover
+        bits = np.pad(bits, ((0, 0), (0, vocab_size - bits.shape[1])))
+    return bits[:, :vocab_size].view(np.bool_)
+
+
+def _apply_grammars(logits: torch.Tensor, rows: list[SamplingRow]) -> list[int]:
+    """Mask each constrained row to what its grammar allows -> the constrained row indices."""
+    masked = [(i, row.constraint.next_mask()) for i, row in enumerate(rows) if row.constraint is not None]
+    masked = [(i, mask) for i, mask in masked if mask is not None]
+    if not masked:
+        return []
+    idx = [i for i, _ in masked]
+    allowed = _allowed(torch.stack([mask for _, mask in masked]), logits.shape[1])  # (C, V)
+    values = logits[idx].numpy()  # (C, V), a copy
+    constrained = np.where(allowed, values, -np.inf).astype(values.dtype)
+    # A grammar that can only end while min_tokens bans the end tokens: the grammar wins.
+    nothing_left = np.isneginf(constrained.max(axis=1))
+    if nothing_left.any():
+        lowest = np.finfo(values.dtype).min
+        constrained[nothing_left] = np.where(allowed[nothing_left], np.maximum(values[nothing_left], lowest),
+                                             -np.inf)
+    logits[idx] = torch.from_numpy(constrained)
+    return idx
+
+
+def _truncate(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """logits: (R, V) already divided by temperature -> the same with excluded tokens at -inf."""
+    vocab = logits.shape[1]
+    top_k = [p.top_k if 0 < p.top_k < vocab else 0 for p in params]
+    if any(top_k):
+        k = torch.tensor(top_k)  # (R,)
+        values = logits.topk(max(top_k), dim=-1).values  # (R, max k)
+        kth = values.gather(1, (k - 1).clamp(min=0)[:, None])  # (R, 1)
+        kth[k == 0] = float("-inf")
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    if p.min_p > 0:
+    if any(p.min_p > 0 for p in params):
+        min_p = torch.tensor([p.min_p for p in params])[:, None]  # (R, 1)
         probs = logits.softmax(-1)
-        logits = logits.masked_fill(probs < p.min_p * probs.max(), float("-inf"))
-    if p.top_p < 1.0:
-        sorted_logits, order = logits.sort(descending=True)
-        cumulative = sorted_logits.softmax(-1).cumsum(-1)
+        logits = logits.masked_fill(probs < min_p * probs.max(dim=-1, keepdim=True).values, float("-inf"))
+    if any(p.top_p < 1.0 for p in params):
+        top_p = torch.tensor([p.top_p for p in params])[:, None]  # (R, 1)
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        sorted_probs = sorted_logits.softmax(-1)
         # Keep the smallest prefix whose mass reaches top_p (always at least one token).
-        drop_sorted = (cumulative - sorted_logits.softmax(-1)) >= p.top_p
-        drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
+        drop_sorted = (sorted_probs.cumsum(-1) - sorted_probs) >= top_p
+        drop_sorted[top_p[:, 0] >= 1.0] = False
+        drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits
 
 
+def _draw(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """logits: (R, V) of non-greedy rows -> (R,) token ids."""
+    temperature = torch.tensor([r.params.temperature for r in rows], dtype=logits.dtype)[:, None]  # (R, 1)
+    probs = _truncate(logits / temperature, [r.params for r in rows]).softmax(-1)
+    seeded = [i for i, r in enumerate(rows) if r.generator is not None]
+    if len(seeded) == len(rows):
+        tokens = torch.empty(len(rows), dtype=torch.int64)
+    else:
+        tokens = torch.multinomial(probs, 1)[:, 0]
+    for i in seeded:  # the per-row path: each seed draws from its own stream
+        tokens[i] = torch.multinomial(probs[i], 1, generator=rows[i].generator)[0]
+    return tokens
+
+
 def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> tuple[torch.Tensor, list[TokenLogprobs | None]]:
-    """logits: (B, V) fp32, one row per entry of `rows` -> token ids (B,), logprobs per row."""
+    """logits: (B, V) fp32, one row per entry of `rows` -> token ids (B,), logprobs per row.
+
+    Constrained rows' grammars advance by the chosen tokens, and start on their next masks.
+    """
     want_logprobs = [r.params.logprobs is not None for r in rows]
     raw_logprobs = torch.log_softmax(logits, dim=-1) if any(want_logprobs) else None
     logits = logits.clone()
-    tokens = torch.empty(len(rows), dtype=torch.int64)
-    for i, row in enumerate(rows):
-        p = row.params
-        row_logits = logits[i]
-        _apply_penalties(row_logits, row)
-        if len(row.output_ids) < p.min_tokens:
-            banned = [t for t in (set(p.stop_token_ids) | (set() if p.ignore_eos else row.eos_ids)) if t < row_logits.shape[0]]
-            row_logits[banned] = float("-inf")
-        if p.greedy:
-            tokens[i] = int(row_logits.argmax())
-            continue
-        row_logits = _truncate(row_logits / p.temperature, p)
-        probs = row_logits.softmax(-1)
-        tokens[i] = int(torch.multinomial(probs, 1, generator=row.generator))
+    _apply_penalties(logits, rows)
+    _ban_end_tokens(logits, rows)
+    constrained = _apply_grammars(logits, rows)
+    tokens = logits.argmax(dim=-1)  # (B,) right for the greedy rows
+    sampled = [i for i, r in enumerate(rows) if not r.params.greedy]
+    if sampled:
+        tokens[torch.tensor(sampled)] = _draw(logits[sampled], [rows[i] for i in sampled])
+    for i in constrained:
+        rows[i].constraint.accept(int(tokens[i]))
     results: list[TokenLogprobs | None] = [None] * len(rows)
     if raw_logprobs is not None:
         idx = [i for i, w in enumerate(want_logprobs) if w]

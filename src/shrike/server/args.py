@@ -90,6 +90,18 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="after SIGTERM/SIGINT, requests in flight get this long to finish while new ones get "
                              "503; then they end with an error and the server exits 0 "
                              f"(default: {DEFAULT_SHUTDOWN_TIMEOUT:g})")
+    parser.add_argument("--structured-outputs-backend", default="llguidance", choices=["llguidance", "xgrammar"],
+                        help="grammar engine for response_format, structured_outputs and forced tool calls "
+                             "(default: llguidance; xgrammar needs pip install 'shrike[xgrammar]')")
+    parser.add_argument("--enable-auto-tool-choice", action="store_true",
+                        help="with tool_choice auto, read tool calls out of the model's output (needs "
+                             "--tool-call-parser)")
+    parser.add_argument("--tool-call-parser", default=None, metavar="NAME",
+                        help="the model's tool-call format: hermes (also Qwen2.5/Qwen3), llama3_json, mistral, "
+                             "pythonic, or one a plugin registers")
+    parser.add_argument("--reasoning-parser", default=None, choices=["deepseek_r1", "qwen3"],
+                        help="split <think>...</think> reasoning into reasoning_content (structured outputs "
+                             "apply after it)")
     parser.add_argument("--disable-log-stats", action="store_true", help="do not log throughput every 10 s")
 
 

@@ -19,6 +19,7 @@ from shrike.server.generation import (ChoiceText, GenerationStream, clamp_logpro
                                       submit, usage)
 from shrike.server.protocol import CompletionRequest
 from shrike.server.sampling import build_sampling_params
+from shrike.server.structured import compile_grammar, requested_grammar
 
 PARAM_NAMES = set(CompletionRequest.model_fields)
 # OpenAI's default for the legacy completions endpoint.
@@ -64,6 +65,9 @@ async def create_completion(body: CompletionRequest, request: Request, ctx: Serv
     prompts = _prompts(ctx, body.prompt)
     params = build_sampling_params(body, ctx.defaults, body.max_tokens, DEFAULT_MAX_TOKENS, body.logprobs,
                                    body.logprobs if body.echo else None, ctx.max_num_seqs, ctx.vocab_size)
+    grammar = requested_grammar(body)
+    if grammar is not None:
+        params.grammar = await compile_grammar(ctx, grammar)
     generation = await submit(ctx, [p.ids for p in prompts], params, PARAM_NAMES, "prompt")
     response_id = f"cmpl-{uuid.uuid4().hex}"
     created = int(time.time())

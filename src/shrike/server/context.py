@@ -1,15 +1,18 @@
 """What every endpoint needs: the engine loop, the tokenizer, the model's names and limits."""
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 
 import jinja2
 
 from shrike.engine.async_engine import AsyncEngine
+from shrike.sampling.grammar import GrammarCompiler
 from shrike.server.errors import APIError, bad_request
 from shrike.server.metrics import ServerMetrics
 from shrike.server.protocol import ChatMessage
+from shrike.server.reasoning import ReasoningParser
 from shrike.server.sampling import SamplingDefaults
 from shrike.server.shutdown import DrainState
 from shrike.tokenizer import Tokenizer
@@ -27,6 +30,10 @@ class ServerContext:
     defaults: SamplingDefaults
     metrics: ServerMetrics
     api_key: str | None
+    grammar_compiler: GrammarCompiler | None = None  # structured outputs and forced tool calls
+    tool_parser_class: type | None = None  # --tool-call-parser (a ToolParser subclass)
+    enable_auto_tool_choice: bool = False
+    reasoning_parser: "ReasoningParser | None" = None  # --reasoning-parser
     created: int = field(default_factory=lambda: int(time.time()))
     drain: DrainState = field(default_factory=DrainState)  # set on SIGTERM/SIGINT
     _token_texts: dict[int, str] = field(default_factory=dict)  # bounded by the vocabulary
@@ -68,6 +75,9 @@ class ServerContext:
             raise bad_request(f"the prompt has {num_tokens} tokens but the maximum context length is "
                               f"{self.max_model_len} tokens (prompt plus output); shorten the prompt", param)
 
+    def tool_parser(self):
+        return self.tool_parser_class() if self.tool_parser_class is not None else None
+
     def check_token_ids(self, ids: list[int], param: str, limit: int | None = None) -> None:
         limit = self.vocab_size if limit is None else limit
         if any(not 0 <= t < limit for t in ids):
@@ -83,6 +93,14 @@ class ServerContext:
 
 def _template_message(message: ChatMessage, index: int) -> dict:
     as_dict = message.model_dump(exclude_none=True)
+    for call in as_dict.get("tool_calls", []):
+        # Templates render arguments with tojson, as transformers expects: a dict, not its JSON text.
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict) and isinstance(function.get("arguments"), str):
+            try:
+                function["arguments"] = json.loads(function["arguments"])
+            except ValueError:
+                pass  # not JSON: the template gets the text as sent
     if message.role == "developer":
         as_dict["role"] = "system"  # OpenAI's newer name; chat templates know only "system"
     if isinstance(message.content, list):

@@ -5,6 +5,7 @@ import argparse
 import logging
 import signal
 import socket
+import threading
 from pathlib import Path
 
 import uvicorn
@@ -14,9 +15,11 @@ from shrike.default_model import DEFAULT_GGUF_FILE
 from shrike.engine.async_engine import AsyncEngine
 from shrike.engine.llm_engine import EngineConfig, LLMEngine
 from shrike.errors import ConfigError
+from shrike.sampling.grammar import GrammarCompiler, new_grammar_compiler
 from shrike.server.app import build_app
 from shrike.server.context import ServerContext
 from shrike.server.metrics import ServerMetrics
+from shrike.server.reasoning import ReasoningParser
 from shrike.server.sampling import SamplingDefaults
 from shrike.server.shutdown import DrainingServer
 
@@ -31,6 +34,7 @@ def serve_main(args: argparse.Namespace) -> int:
     # uvicorn's own start-up chatter would bury the one line that matters; its warnings still show.
     logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
     _check_chat_template_flag(args.chat_template)
+    tool_parser_class = _tool_parser_class(args)
     listener = _listen(args.host, args.port)
     engine = LLMEngine(EngineConfig(
         model=args.model, dtype=args.dtype, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
@@ -45,7 +49,10 @@ def serve_main(args: argparse.Namespace) -> int:
     ctx = ServerContext(async_engine=async_engine, tokenizer=engine.tokenizer, served_model_names=names,
                         model_root=str(args.model or engine.model_dir), max_model_len=engine.max_model_len,
                         vocab_size=engine.model_config.vocab_size, max_num_seqs=args.max_num_seqs,
-                        defaults=defaults, metrics=metrics, api_key=args.api_key)
+                        defaults=defaults, metrics=metrics, api_key=args.api_key,
+                        grammar_compiler=_grammar_compiler(args.structured_outputs_backend, engine),
+                        tool_parser_class=tool_parser_class, enable_auto_tool_choice=args.enable_auto_tool_choice,
+                        reasoning_parser=ReasoningParser(args.reasoning_parser) if args.reasoning_parser else None)
     host, port = listener.getsockname()[:2]
     app = build_app(ctx, log_stats=not args.disable_log_stats,
                     startup_message=_startup_line(ctx, engine, host, port, args.generation_config))
@@ -58,6 +65,26 @@ def serve_main(args: argparse.Namespace) -> int:
     server.run(sockets=[listener])
     logger.info("stopped")
     return 0
+
+
+def _tool_parser_class(args: argparse.Namespace) -> type | None:
+    if args.enable_auto_tool_choice and not args.tool_call_parser:
+        raise ConfigError("--enable-auto-tool-choice needs --tool-call-parser NAME (hermes, llama3_json, mistral, "
+                          "pythonic)")
+    if args.tool_call_parser is None:
+        return None
+    from shrike.plugins import build_registry
+    return build_registry().tool_parser(args.tool_call_parser).target
+
+
+def _grammar_compiler(backend: str, engine: LLMEngine) -> GrammarCompiler:
+    try:
+        compiler = new_grammar_compiler(backend, engine.tokenizer, engine.model_config.vocab_size)
+    except ImportError as e:
+        raise ConfigError(str(e)) from None
+    # The backend's view of the vocabulary takes about a second; build it while the server starts.
+    threading.Thread(target=compiler.warm_up, name="shrike-grammar-warm-up", daemon=True).start()
+    return compiler
 
 
 def _check_chat_template_flag(template: str | None) -> None:
