@@ -66,6 +66,7 @@ def _truncate(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
         cumulative = sorted_logits.softmax(-1).cumsum(-1)
         # Keep the smallest prefix whose mass reaches top_p (always at least one token).
         drop_sorted = (cumulative - sorted_logits.softmax(-1)) >= p.top_p
+        drop_sorted[0] = False  # a top_p below float32's smallest number rounds to 0 and would drop every token
         drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits
@@ -87,7 +88,8 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> tuple[torch.Tensor,
         if p.greedy:
             tokens[i] = int(row_logits.argmax())
             continue
-        row_logits = _truncate(row_logits / p.temperature, p)
+        # A tiny repetition penalty or temperature can push logits to +inf, and softmax makes every probability NaN.
+        row_logits = _truncate((row_logits / p.temperature).clamp(max=torch.finfo(row_logits.dtype).max), p)
         probs = row_logits.softmax(-1)
         tokens[i] = int(torch.multinomial(probs, 1, generator=row.generator))
     results: list[TokenLogprobs | None] = [None] * len(rows)

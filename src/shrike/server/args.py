@@ -81,6 +81,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                              "vllm: the OpenAI defaults (temperature 1, top_p 1)")
     parser.add_argument("--chat-template", default=None,
                         help="Jinja chat template file (or string) replacing the model's")
+    parser.add_argument("--web-ui", action=argparse.BooleanOptionalAction, default=True,
+                        help="serve the chat page at / (default: on; --no-web-ui turns it off)")
     parser.add_argument("--disable-log-stats", action="store_true", help="do not log throughput every 10 s")
 
 
