@@ -16,6 +16,7 @@ DYNAMIC_REFUSALS = (
     "must not exceed max_tokens",  # min_tokens > max_tokens
     "the chat template refused these messages",  # e.g. a message without content, for this model's template
     "cannot be rendered with the chat template",
+    "tool_choice 'required' or a named tool is not supported",  # refused only when tools are given
 )
 
 

@@ -11,13 +11,14 @@ import os
 from collections.abc import Callable
 
 import prometheus_client
+import prometheus_client.exposition
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import multiprocess
 
 from shrike.engine.async_engine import EngineLoad, GenerationObserver
 
-# The exposition format served at /metrics (prometheus_client's text format 0.0.4).
-CONTENT_TYPE = prometheus_client.CONTENT_TYPE_LATEST
+# The classic text format: every metric name here is a legacy-valid one, so every scraper reads it.
+CONTENT_TYPE = prometheus_client.exposition.CONTENT_TYPE_PLAIN_0_0_4
 
 # vLLM's buckets, so dashboards built for it read these the same way.
 TIME_TO_FIRST_TOKEN_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,

@@ -193,12 +193,17 @@ def _refine_requests(schemas: dict, vocab_size: int, tokenizer_vocab_size: int, 
     completion["then"] = {"properties": {"echo": {"const": True}}, "required": ["echo"]}
 
     chat = schemas["ChatCompletionRequest"]
-    for name in ("max_tokens", "max_completion_tokens"):
-        set_field("ChatCompletionRequest", name, {"type": "integer", "minimum": 1, "maximum": most_tokens})
-    set_field("ChatCompletionRequest", "tool_choice", {"type": "string", "enum": ["none", "auto"]})
+    output_tokens = {"type": "integer", "minimum": 1, "maximum": most_tokens}
+    set_field("ChatCompletionRequest", "max_completion_tokens", output_tokens)
+    set_field("ChatCompletionRequest", "max_tokens", {"type": "integer"})
     set_field("ChatCompletionRequest", "chat_template_kwargs", template_kwargs)
-    chat["if"] = {"properties": {"top_logprobs": {"type": "integer"}}, "required": ["top_logprobs"]}
-    chat["then"] = {"properties": {"logprobs": {"const": True}}, "required": ["logprobs"]}
+    chat["allOf"] = [
+        {"if": {"properties": {"top_logprobs": {"type": "integer"}}, "required": ["top_logprobs"]},
+         "then": {"properties": {"logprobs": {"const": True}}, "required": ["logprobs"]}},
+        # max_tokens (OpenAI's older name) counts only without max_completion_tokens.
+        {"if": {"properties": {"max_completion_tokens": {"type": "integer"}}, "required": ["max_completion_tokens"]},
+         "else": {"properties": {"max_tokens": {"anyOf": [output_tokens, {"type": "null"}]}}}},
+    ]
     schemas["ResponseFormat"]["properties"]["type"]["enum"] = ["text"]
     schemas["TextContentPart"]["properties"]["type"] = {"type": "string", "enum": ["text"]}
     # Chat templates read every message's content (this server passes a missing one on as missing, which the
