@@ -21,7 +21,7 @@ def llm(default_model_dir):
                max_num_seqs=8, progress=False)
 
 
-def greedy(max_tokens: int = 12, **kwargs) -> SamplingParams:
+def greedy(max_tokens: int = 8, **kwargs) -> SamplingParams:
     return SamplingParams(temperature=0, max_tokens=max_tokens, **kwargs)
 
 
@@ -38,7 +38,7 @@ def test_generate_takes_text_token_ids_and_dicts(llm):
     assert all(o.prompt_token_ids == ids and o.finished for o in outputs)
     first = outputs[0].outputs[0]
     assert "Paris" in first.text
-    assert len(first.token_ids) == 12 and first.finish_reason == "length"
+    assert len(first.token_ids) == 8 and first.finish_reason == "length"
     assert first.logprobs is None and first.cumulative_logprob is None
     for other in outputs[1:]:
         assert other.outputs[0].token_ids == first.token_ids and other.outputs[0].text == first.text
@@ -91,11 +91,11 @@ def test_greedy_logprobs_rank_the_chosen_token_first(llm):
 
 
 def test_chat_one_conversation_and_many(llm):
-    (answer,) = llm.chat(QUESTION, greedy(16), use_tqdm=False)
+    (answer,) = llm.chat(QUESTION, greedy(8), use_tqdm=False)
     assert "Paris" in answer.outputs[0].text
     assert answer.prompt.endswith("<|im_start|>assistant\n")  # the rendered template, generation prompt added
     second = [{"role": "system", "content": "Answer in one word."}, {"role": "user", "content": "Say hello."}]
-    outputs = llm.chat([QUESTION, second], greedy(16), use_tqdm=False)
+    outputs = llm.chat([QUESTION, second], greedy(8), use_tqdm=False)
     assert outputs[0].outputs[0].text == answer.outputs[0].text
     assert outputs[1].prompt.startswith("<|im_start|>system\nAnswer in one word.")
 
@@ -109,13 +109,13 @@ def test_chat_template_kwargs_reach_the_template(default_model_dir):
 
 
 def test_stream_yields_the_same_text_piece_by_piece(llm):
-    whole = llm.generate("Once upon a time", greedy(16), use_tqdm=False)[0].outputs[0]
-    pieces = list(llm.stream("Once upon a time", greedy(16)))
-    assert len(pieces) == 16 and pieces[-1].finished and not pieces[0].finished
+    whole = llm.generate("Once upon a time", greedy(8), use_tqdm=False)[0].outputs[0]
+    pieces = list(llm.stream("Once upon a time", greedy(8)))
+    assert len(pieces) == 8 and pieces[-1].finished and not pieces[0].finished
     assert "".join(p.outputs[0].text for p in pieces) == whole.text
     assert [t for p in pieces for t in p.outputs[0].token_ids] == whole.token_ids
-    chat_text = "".join(p.outputs[0].text for p in llm.chat_stream(QUESTION, greedy(16)))
-    assert chat_text == llm.chat(QUESTION, greedy(16), use_tqdm=False)[0].outputs[0].text
+    chat_text = "".join(p.outputs[0].text for p in llm.chat_stream(QUESTION, greedy(8)))
+    assert chat_text == llm.chat(QUESTION, greedy(8), use_tqdm=False)[0].outputs[0].text
 
 
 def test_leaving_a_stream_early_frees_the_engine(llm):

@@ -127,8 +127,9 @@ def test_chat_streams_stops_keeps_history_and_shows_errors(page, open_server):
     # A request the server refuses: its message is shown.
     set_field(page, "#max-tokens", "999999")
     ask(page, "Hello")
-    page.wait_for_selector("#error", state="visible")
-    assert "max_tokens" in page.inner_text("#error")
+    failed = page.locator(".msg.assistant.failed")
+    failed.wait_for()
+    assert failed.locator(".note").inner_text().startswith("Error: max_tokens=999999 does not fit")
     set_field(page, "#max-tokens", "40")
 
     ARTIFACTS.mkdir(exist_ok=True)

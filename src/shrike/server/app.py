@@ -39,6 +39,7 @@ def build_app(ctx: ServerContext, log_stats: bool = True, startup_message: str |
             if stats is not None:
                 stats.cancel()
             await ctx.async_engine.stop()
+            ctx.metrics.close()
 
     app = FastAPI(title="Shrike", version=__version__, lifespan=lifespan,
                   description="OpenAI-compatible API served by Shrike, a CPU-native LLM engine.")

@@ -38,7 +38,8 @@ def multiprocess_dir() -> str | None:
 
 
 class ServerMetrics(GenerationObserver):
-    """Counts what the engine did. Updated on the event loop; engine-side gauges are read at each scrape."""
+    """Counts what the engine did. Updated on the event loop; the engine's own figures are copied in as tokens
+    arrive and at each scrape."""
 
     def __init__(self, model_name: str, engine_load: Callable[[], EngineLoad]):
         self.engine_load = engine_load
@@ -96,12 +97,15 @@ class ServerMetrics(GenerationObserver):
             self.time_to_first_token.observe(first_token_latency)
         if inter_token_latency is not None:
             self.inter_token_latency.observe(inter_token_latency)
+        # Also here, not only at scrapes: in multiprocess mode a scrape reaches one process, not the others.
+        self._sync_engine_load()
 
     def on_finished(self, finish_reason: str, e2e_latency: float) -> None:
         if finish_reason not in self.finished:
             self.finished[finish_reason] = self._finished_family.labels(self._model_name, finish_reason)
         self.finished[finish_reason].inc()
         self.e2e_request_latency.observe(e2e_latency)
+        self._sync_engine_load()
 
     def _sync_engine_load(self) -> None:
         """The engine keeps running totals; counters only move forward by the difference since the last scrape."""
@@ -113,6 +117,11 @@ class ServerMetrics(GenerationObserver):
         self.prefix_queries.inc(max(0, load.prefix_cache_queries - last.prefix_cache_queries))
         self.prefix_hits.inc(max(0, load.prefix_cache_hits - last.prefix_cache_hits))
         self._engine_totals = load
+
+    def close(self) -> None:
+        """At shutdown: in multiprocess mode this process's live gauges must stop counting."""
+        if multiprocess_dir():
+            multiprocess.mark_process_dead(os.getpid())
 
     def render(self) -> bytes:
         self._sync_engine_load()

@@ -279,11 +279,9 @@ async function send(text) {
       }
     }
   } catch (error) {
+    // The answer's bubble shows what went wrong; the banner is for the connection itself.
     if (controller.signal.aborted) answer.stopped = true;
-    else {
-      answer.error = error.message || String(error);
-      showError(answer.error);
-    }
+    else answer.error = error.message || String(error);
   } finally {
     state.controller = null;
     setBusy(false);
