@@ -10,8 +10,7 @@ import pytest
 from shrike import LLM, SamplingParams
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
-PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):", "1, 2, 3, 4,",
-           "The sun rises in the", "My favourite colour is"]
+PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):", "1, 2, 3, 4,"]
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +49,7 @@ def test_generate_takes_text_token_ids_and_dicts(llm):
 def test_many_prompts_batched_equal_each_alone(llm, capsys):
     together = llm.generate(PROMPTS, greedy(), use_tqdm=True)
     err = capsys.readouterr().err
-    assert "Processed prompts" in err and "6/6" in err
+    assert "Processed prompts" in err and "4/4" in err
     alone = [llm.generate(p, greedy(), use_tqdm=False)[0] for p in PROMPTS]
     assert [o.prompt for o in together] == PROMPTS
     assert [o.outputs[0].token_ids for o in together] == [o.outputs[0].token_ids for o in alone]
