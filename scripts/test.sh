@@ -4,6 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+bash scripts/install-browser.sh
 . .venv/bin/activate
 export HF_HUB_OFFLINE=1
 bash .ci/arm-kernels.sh

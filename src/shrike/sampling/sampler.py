@@ -169,6 +169,7 @@ def _truncate(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tenso
         # Keep the smallest prefix whose mass reaches top_p (always at least one token).
         drop_sorted = (sorted_probs.cumsum(-1) - sorted_probs) >= top_p
         drop_sorted[top_p[:, 0] >= 1.0] = False
+        drop_sorted[:, 0] = False  # a top_p below float32's smallest number rounds to 0 and would drop every token
         drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits
@@ -177,7 +178,9 @@ def _truncate(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tenso
 def _draw(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
     """logits: (R, V) of non-greedy rows -> (R,) token ids."""
     temperature = torch.tensor([r.params.temperature for r in rows], dtype=logits.dtype)[:, None]  # (R, 1)
-    probs = _truncate(logits / temperature, [r.params for r in rows]).softmax(-1)
+    # A tiny repetition penalty or temperature can push logits to +inf, and softmax makes every probability NaN.
+    scaled = (logits / temperature).clamp(max=torch.finfo(logits.dtype).max)
+    probs = _truncate(scaled, [r.params for r in rows]).softmax(-1)
     seeded = [i for i, r in enumerate(rows) if r.generator is not None]
     if len(seeded) == len(rows):
         tokens = torch.empty(len(rows), dtype=torch.int64)

@@ -6,23 +6,28 @@ import contextlib
 import logging
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import JSONResponse, Response
 
 from shrike import __version__
 from shrike.server.chat import create_chat_completion
 from shrike.server.completions import create_completion
 from shrike.server.context import ServerContext
 from shrike.server.errors import APIError, install_error_handlers
+from shrike.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from shrike.server.middleware import APIKeyMiddleware, RequestBodyMiddleware
+from shrike.server.openapi import install_openapi
 from shrike.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from shrike.server.shutdown import DrainMiddleware
+from shrike.server.tokenizer_info import tokenizer_info
+from shrike.server.webui import mount_web_ui
 
 logger = logging.getLogger(__name__)
 
 STATS_LOG_INTERVAL_SECONDS = 10.0
 
 
-def build_app(ctx: ServerContext, log_stats: bool = True, startup_message: str | None = None) -> FastAPI:
+def build_app(ctx: ServerContext, log_stats: bool = True, startup_message: str | None = None,
+              web_ui: bool = True) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         ctx.async_engine.start()
@@ -35,10 +40,14 @@ def build_app(ctx: ServerContext, log_stats: bool = True, startup_message: str |
             if stats is not None:
                 stats.cancel()
             await ctx.async_engine.stop()
+            ctx.metrics.close()
 
     app = FastAPI(title="Shrike", version=__version__, lifespan=lifespan,
                   description="OpenAI-compatible API served by Shrike, a CPU-native LLM engine.")
     install_error_handlers(app)
+    install_openapi(app, api_key_required=bool(ctx.api_key), vocab_size=ctx.vocab_size,
+                    tokenizer_vocab_size=ctx.tokenizer.vocab_size, max_num_seqs=ctx.max_num_seqs,
+                    max_model_len=ctx.max_model_len)
     app.add_middleware(RequestBodyMiddleware)
     if ctx.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=ctx.api_key)
@@ -56,8 +65,8 @@ def build_app(ctx: ServerContext, log_stats: bool = True, startup_message: str |
         return {"version": __version__}
 
     @app.get("/metrics")
-    async def metrics() -> PlainTextResponse:
-        return PlainTextResponse(ctx.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+    async def metrics() -> Response:
+        return Response(ctx.metrics.render(), media_type=METRICS_CONTENT_TYPE)
 
     @app.get("/v1/models")
     async def models() -> dict:
@@ -89,6 +98,16 @@ def build_app(ctx: ServerContext, log_stats: bool = True, startup_message: str |
         ctx.check_model(body.model)
         ctx.check_token_ids(body.tokens, "tokens", ctx.tokenizer.vocab_size)
         return JSONResponse({"prompt": ctx.tokenizer.decode(body.tokens)})
+
+    engine = ctx.async_engine.engine
+    info = tokenizer_info(engine.model_dir, ctx.tokenizer, ctx.max_model_len)
+
+    @app.get("/tokenizer_info")
+    async def get_tokenizer_info() -> JSONResponse:
+        return JSONResponse(info)
+
+    if web_ui:
+        mount_web_ui(app)
 
     return app
 

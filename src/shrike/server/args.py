@@ -102,6 +102,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reasoning-parser", default=None, choices=["deepseek_r1", "qwen3"],
                         help="split <think>...</think> reasoning into reasoning_content (structured outputs "
                              "apply after it)")
+    parser.add_argument("--web-ui", action=argparse.BooleanOptionalAction, default=True,
+                        help="serve the chat page at / (default: on; --no-web-ui turns it off)")
     parser.add_argument("--disable-log-stats", action="store_true", help="do not log throughput every 10 s")
 
 

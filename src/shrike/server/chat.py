@@ -14,8 +14,8 @@ from shrike.sampling.sampler import TokenLogprobs
 from shrike.server.chat_stream import ChoiceDeltas
 from shrike.server.context import ServerContext
 from shrike.server.errors import bad_request
-from shrike.server.generation import (ChoiceText, GenerationStream, clamp_logprob, outputs_until_disconnect,
-                                      submit, usage)
+from shrike.server.generation import ChoiceText, GenerationStream, outputs_until_disconnect, submit, usage
+from shrike.server.logprobs import chat_logprobs, shown_logprobs
 from shrike.server.protocol import ChatCompletionRequest
 from shrike.server.reasoning import CLOSE, AfterReasoning, ReasoningParser
 from shrike.server.sampling import build_sampling_params
@@ -68,7 +68,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request, 
             choice = choices[delta.index]
             choice.text += delta.text
             choice.num_tokens += len(delta.token_ids)
-            choice.logprobs += delta.logprobs
+            choice.logprobs += shown_logprobs(delta, params, ctx.tokenizer.eos_token_ids)
             choice.finish_reason = delta.finish_reason or choice.finish_reason
     completion_tokens = sum(c.num_tokens for c in choices)
     return JSONResponse({
@@ -129,7 +129,9 @@ async def _chunks(ctx: ServerContext, generation: Generation, response_id: str, 
             for j, piece in enumerate(pieces):
                 last = j == len(pieces) - 1
                 yield chunk([{"index": delta.index, "delta": piece,
-                              "logprobs": _logprobs(ctx, delta.logprobs) if want_logprobs and j == 0 else None,
+                              "logprobs": _logprobs(ctx, shown_logprobs(delta, generation.params,
+                                                                        ctx.tokenizer.eos_token_ids))
+                              if want_logprobs and j == 0 else None,
                               "finish_reason": finish_reason if last else None}])
     if include_usage:
         yield {"id": response_id, "object": "chat.completion.chunk", "created": created, "model": ctx.model_name,
@@ -137,11 +139,4 @@ async def _chunks(ctx: ServerContext, generation: Generation, response_id: str, 
 
 
 def _logprobs(ctx: ServerContext, entries: list[TokenLogprobs]) -> dict:
-    def token(token_id: int, logprob: float) -> dict:
-        text = ctx.token_text(token_id)
-        return {"token": text, "logprob": clamp_logprob(logprob), "bytes": list(text.encode("utf-8"))}
-
-    return {"content": [{**token(e.token_id, e.logprob),
-                         "top_logprobs": [token(t, lp) for t, lp in zip(e.top_ids, e.top_logprobs)]}
-                        for e in entries]}
-
+    return chat_logprobs(ctx.token_bytes, entries)

@@ -1,6 +1,7 @@
 """POST /v1/completions."""
 from __future__ import annotations
 
+import codecs
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -11,12 +12,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from shrike.engine.async_engine import Generation
-from shrike.engine.llm_engine import RequestOutput
+from shrike.engine.llm_engine import CompletionDelta, RequestOutput
 from shrike.sampling.sampler import TokenLogprobs
 from shrike.server.context import ServerContext
 from shrike.server.errors import bad_request
 from shrike.server.generation import (ChoiceText, GenerationStream, clamp_logprob, outputs_until_disconnect,
                                       submit, usage)
+from shrike.server.logprobs import shown_logprobs
 from shrike.server.protocol import CompletionRequest
 from shrike.server.sampling import build_sampling_params
 from shrike.server.structured import compile_grammar, requested_grammar
@@ -63,8 +65,14 @@ async def create_completion(body: CompletionRequest, request: Request, ctx: Serv
     ctx.check_model(body.model)
     _reject_unsupported(body)
     prompts = _prompts(ctx, body.prompt)
-    params = build_sampling_params(body, ctx.defaults, body.max_tokens, DEFAULT_MAX_TOKENS, body.logprobs,
-                                   body.logprobs if body.echo else None, ctx.max_num_seqs, ctx.vocab_size)
+    # echo with max_tokens 0 scores the prompt: one token is computed (the prompt's logprobs come with it) and dropped.
+    scoring = body.max_tokens == 0
+    if scoring and not body.echo:
+        raise bad_request("max_tokens 0 generates nothing; set echo to true to get the prompt's logprobs, "
+                          "or ask for at least 1 token", "max_tokens")
+    params = build_sampling_params(body, ctx.defaults, 1 if scoring else body.max_tokens, DEFAULT_MAX_TOKENS,
+                                   body.logprobs, body.logprobs if body.echo else None, ctx.max_num_seqs,
+                                   ctx.vocab_size)
     grammar = requested_grammar(body)
     if grammar is not None:
         params.grammar = await compile_grammar(ctx, grammar)
@@ -72,7 +80,7 @@ async def create_completion(body: CompletionRequest, request: Request, ctx: Serv
     response_id = f"cmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     num_prompt_tokens = sum(len(p.ids) for p in prompts)
-    view = _ChoiceView(ctx, generation, prompts, body.echo)
+    view = _ChoiceView(ctx, generation, prompts, body.echo, scoring)
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         events = _chunks(ctx, generation, view, response_id, created, num_prompt_tokens, include_usage)
@@ -88,7 +96,7 @@ async def create_completion(body: CompletionRequest, request: Request, ctx: Serv
             choice.text += prefix_text + delta.text
             choice.num_tokens += len(delta.token_ids)
             logprobs[index].extend(prefix_logprobs)
-            logprobs[index].add_generated(delta.logprobs)
+            logprobs[index].add_generated(shown_logprobs(delta, params, ctx.tokenizer.eos_token_ids))
             choice.finish_reason = delta.finish_reason or choice.finish_reason
     return JSONResponse({
         "id": response_id, "object": "text_completion", "created": created, "model": ctx.model_name,
@@ -116,7 +124,7 @@ async def _chunks(ctx: ServerContext, generation: Generation, view: "_ChoiceView
                 builder = logprobs[index]
                 builder.start_chunk()
                 builder.extend(prefix_logprobs)
-                builder.add_generated(delta.logprobs)
+                builder.add_generated(shown_logprobs(delta, generation.params, ctx.tokenizer.eos_token_ids))
                 choice_logprobs = builder.result()
             choices.append({"index": index, "text": text, "logprobs": choice_logprobs,
                             "finish_reason": delta.finish_reason})
@@ -134,8 +142,9 @@ async def _chunks(ctx: ServerContext, generation: Generation, view: "_ChoiceView
 class _ChoiceView:
     """Numbers choices across prompts (prompt i, sample j -> i * n + j) and puts the echoed prompt first."""
 
-    def __init__(self, ctx: ServerContext, generation: Generation, prompts: list[_Prompt], echo: bool):
-        self.ctx, self.generation, self.prompts, self.echo = ctx, generation, prompts, echo
+    def __init__(self, ctx: ServerContext, generation: Generation, prompts: list[_Prompt], echo: bool,
+                 scoring: bool):
+        self.ctx, self.generation, self.prompts, self.echo, self.scoring = ctx, generation, prompts, echo, scoring
         self.echoed: set[int] = set()
         self.prompt_logprobs: dict[str, list[TokenLogprobs | None]] = {}
 
@@ -146,6 +155,8 @@ class _ChoiceView:
         if output.prompt_logprobs is not None:
             self.prompt_logprobs[output.request_id] = output.prompt_logprobs
         for delta in output.deltas:
+            if self.scoring:  # the one token computed for the prompt's logprobs is not part of the answer
+                delta = CompletionDelta(delta.index, [], "", [], "length")
             index = prompt_index * self.generation.params.n + delta.index
             if not self.echo or index in self.echoed:
                 yield index, delta, "", []
@@ -160,7 +171,9 @@ class _LogprobsBuilder:
 
     def __init__(self, ctx: ServerContext):
         self.ctx = ctx
-        self.offset = 0  # in the choice's text so far
+        self.offset = 0  # in characters of the choice's text so far
+        # A character split over several tokens starts at the first of them; the offset moves once it is whole.
+        self.utf8 = codecs.getincrementaldecoder("utf-8")("replace")
         self.start_chunk()
 
     def start_chunk(self) -> None:
@@ -174,7 +187,7 @@ class _LogprobsBuilder:
             text = self.ctx.token_text(token_id)
             self.tokens.append(text)
             self.text_offset.append(self.offset)
-            self.offset += len(text)
+            self.offset += len(self.utf8.decode(self.ctx.token_bytes.of(token_id)))
             if entry is None:  # the first prompt token has nothing before it to be predicted from
                 self.token_logprobs.append(None)
                 self.top_logprobs.append(None)

@@ -15,6 +15,7 @@ from shrike.server.protocol import ChatMessage
 from shrike.server.reasoning import ReasoningParser
 from shrike.server.sampling import SamplingDefaults
 from shrike.server.shutdown import DrainState
+from shrike.token_bytes import TokenBytes
 from shrike.tokenizer import Tokenizer
 
 
@@ -36,7 +37,10 @@ class ServerContext:
     reasoning_parser: "ReasoningParser | None" = None  # --reasoning-parser
     created: int = field(default_factory=lambda: int(time.time()))
     drain: DrainState = field(default_factory=DrainState)  # set on SIGTERM/SIGINT
-    _token_texts: dict[int, str] = field(default_factory=dict)  # bounded by the vocabulary
+    token_bytes: TokenBytes = field(init=False)
+
+    def __post_init__(self):
+        self.token_bytes = TokenBytes(self.tokenizer)
 
     @property
     def model_name(self) -> str:
@@ -84,11 +88,8 @@ class ServerContext:
             raise bad_request(f"{param} must be token ids in [0, {limit})", param)
 
     def token_text(self, token_id: int) -> str:
-        """One token as logprobs show it: special tokens included, partial UTF-8 as U+FFFD."""
-        text = self._token_texts.get(token_id)
-        if text is None:
-            text = self._token_texts[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
-        return text
+        """One token as logprobs show it: special tokens included, partial UTF-8 as `bytes:\\xf0\\x9f`."""
+        return self.token_bytes.text(token_id)
 
 
 def _template_message(message: ChatMessage, index: int) -> dict:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from shrike.sampling.params import MAX_LOGPROBS
 
@@ -17,7 +17,24 @@ SEED_RANGE = (-(2**63), 2**63 - 1 - 1024)
 
 class _Request(BaseModel):
     # Clients send fields this server has no use for (user, metadata, store, ...): they are ignored.
-    model_config = ConfigDict(extra="ignore")
+    # strict: a value of the wrong JSON type is refused, as the OpenAPI document says ("5" is no integer).
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _integral_numbers(cls, data: Any) -> Any:
+        # JSON has one number type: 16.0 is the integer 16 (JSON Schema agrees), which strict mode would refuse.
+        return _integral_floats_as_ints(data)
+
+
+def _integral_floats_as_ints(value: Any) -> Any:
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, list):
+        return [_integral_floats_as_ints(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _integral_floats_as_ints(v) for k, v in value.items()}
+    return value
 
 
 class StreamOptions(_Request):

@@ -55,7 +55,8 @@ def serve_main(args: argparse.Namespace) -> int:
                         reasoning_parser=ReasoningParser(args.reasoning_parser) if args.reasoning_parser else None)
     host, port = listener.getsockname()[:2]
     app = build_app(ctx, log_stats=not args.disable_log_stats,
-                    startup_message=_startup_line(ctx, engine, host, port, args.generation_config))
+                    startup_message=_startup_line(ctx, engine, host, port, args.generation_config, args.web_ui),
+                    web_ui=args.web_ui)
     server = DrainingServer(uvicorn.Config(app, log_config=None, timeout_graceful_shutdown=CONNECTION_CLOSE_SECONDS),
                             ctx.drain, args.shutdown_timeout, async_engine.stop)
     # uvicorn re-raises the signal it stopped for once it has put back the previous handlers;
@@ -107,7 +108,8 @@ def _listen(host: str, port: int) -> socket.socket:
     return listener
 
 
-def _startup_line(ctx: ServerContext, engine: LLMEngine, host: str, port: int, generation_config: str) -> str:
+def _startup_line(ctx: ServerContext, engine: LLMEngine, host: str, port: int, generation_config: str,
+                  web_ui: bool) -> str:
     plan = engine.kv_plan
     shown_host = f"[{host}]" if ":" in host else host
     return (f"Shrike {__version__} serving {ctx.model_name!r} at http://{shown_host}:{port}/v1 - "
@@ -116,5 +118,5 @@ def _startup_line(ctx: ServerContext, engine: LLMEngine, host: str, port: int, g
             f"KV cache {plan.capacity_tokens} tokens in {plan.cache_bytes / (1 << 30):.2f} GiB ({plan.reason}; "
             f"{plan.max_concurrent_full_sequences} full-length sequences), "
             f"max-num-seqs {ctx.max_num_seqs}, queue {ctx.async_engine.capacity - ctx.max_num_seqs}, "
-            f"API key {'required' if ctx.api_key else 'off'}, "
+            f"API key {'required' if ctx.api_key else 'off'}, chat page {'at /' if web_ui else 'off'}, "
             f"sampling defaults ({generation_config}) {ctx.defaults.describe()}")

@@ -1,0 +1,42 @@
+"""What `LLM.generate` and `LLM.chat` return, shaped like vLLM's outputs so code written for it reads them as is."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Logprob:
+    """One candidate token at one position: its log-probability, its rank (1 = most likely) and its text."""
+
+    logprob: float
+    rank: int | None = None  # None: the sampled token was outside the requested top alternatives
+    decoded_token: str | None = None
+
+
+# Per position: token id -> Logprob, the sampled token first, then the top alternatives.
+PositionLogprobs = dict[int, Logprob]
+
+
+@dataclass
+class CompletionOutput:
+    """One of the n sequences generated for a prompt."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: float | None = None  # only with logprobs requested
+    logprobs: list[PositionLogprobs] | None = None
+    finish_reason: str | None = None  # stop, length or abort
+
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None  # None when the prompt was given as token ids
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool = False
+    prompt_logprobs: list[PositionLogprobs | None] | None = None  # the first position has none
