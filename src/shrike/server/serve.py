@@ -37,8 +37,24 @@ def serve_main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # uvicorn's own start-up chatter would bury the one line that matters; its warnings still show.
     logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
-    _check_chat_template_flag(args.chat_template)
-    listener = _listen(args.host, args.port)
+    check_chat_template_flag(args.chat_template)
+    listener = listen(args.host, args.port)
+    ctx, engine = build_server_context(args)
+    host, port = listener.getsockname()[:2]
+    app = build_app(ctx, log_stats=not args.disable_log_stats,
+                    startup_message=_startup_line(ctx, engine, host, port, args.generation_config))
+    server = _Server(uvicorn.Config(app, log_config=None, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS))
+    # uvicorn re-raises the signal it stopped for once it has put back the previous handlers;
+    # a requested stop is a success, so those handlers let it pass and we exit 0.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda signum, frame: None)
+    server.run(sockets=[listener])
+    logger.info("stopped")
+    return 0
+
+
+def build_server_context(args: argparse.Namespace) -> tuple[ServerContext, LLMEngine]:
+    """Load the model and everything the endpoints need (the engine loop starts with the app)."""
     engine = LLMEngine(EngineConfig(
         model=args.model, dtype=args.dtype, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_space_gib=args.kv_cache_space,
@@ -53,26 +69,16 @@ def serve_main(args: argparse.Namespace) -> int:
                         model_root=str(args.model or engine.model_dir), max_model_len=engine.max_model_len,
                         vocab_size=engine.model_config.vocab_size, max_num_seqs=args.max_num_seqs,
                         defaults=defaults, metrics=metrics, api_key=args.api_key)
-    host, port = listener.getsockname()[:2]
-    app = build_app(ctx, log_stats=not args.disable_log_stats,
-                    startup_message=_startup_line(ctx, engine, host, port, args.generation_config))
-    server = _Server(uvicorn.Config(app, log_config=None, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS))
-    # uvicorn re-raises the signal it stopped for once it has put back the previous handlers;
-    # a requested stop is a success, so those handlers let it pass and we exit 0.
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda signum, frame: None)
-    server.run(sockets=[listener])
-    logger.info("stopped")
-    return 0
+    return ctx, engine
 
 
-def _check_chat_template_flag(template: str | None) -> None:
+def check_chat_template_flag(template: str | None) -> None:
     if template is None or Path(template).is_file() or "{{" in template or "{%" in template:
         return
     raise ConfigError(f"--chat-template {template!r} is neither a file nor a Jinja template")
 
 
-def _listen(host: str, port: int) -> socket.socket:
+def listen(host: str, port: int) -> socket.socket:
     """Bind before the (slow) model load, so a taken port fails at once."""
     try:
         family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]

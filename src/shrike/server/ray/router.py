@@ -1,0 +1,92 @@
+"""Ray Serve request router: a shared prompt prefix goes back to the replica that has it cached.
+
+The ingress passes each request's prefix as cumulative block hashes (see prefix.py): hash i
+stands for the whole prompt text up to the end of block i, so two prompts agree on hash i
+exactly when they share their first i+1 blocks. The router remembers which replica last
+received each hash and sends a request to the replica holding its longest known prefix,
+unless that replica has `imbalance_threshold` more requests in flight than the least loaded
+one; everything else goes to the least loaded replicas (Ray then probes their queues).
+
+Loads are counted here, from the routed/completed callbacks, so they cost no round trip. With
+several ingress replicas each counts only its own traffic, which is a fair sample of it.
+"""
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+from typing import Optional
+
+from ray.serve.request_router import PendingRequest, ReplicaID, ReplicaResult, RequestRouter, RunningReplica
+
+from shrike.server.ray import routing_state
+
+# Prefix hashes remembered per router (oldest forgotten first): ~100 bytes each.
+MAX_REMEMBERED_BLOCKS = 200_000
+DEFAULT_IMBALANCE_THRESHOLD = 4
+
+
+
+class PrefixAffinityRouter(RequestRouter):
+    def initialize_state(self, imbalance_threshold: int = DEFAULT_IMBALANCE_THRESHOLD,
+                         max_remembered_blocks: int = MAX_REMEMBERED_BLOCKS) -> None:
+        self.imbalance_threshold = imbalance_threshold
+        self.max_remembered_blocks = max_remembered_blocks
+        self.owner_of_block: OrderedDict[int, ReplicaID] = OrderedDict()
+        self.in_flight: dict[ReplicaID, int] = {}
+        self.replica_of_request: dict[str, ReplicaID] = {}
+        # Outcome counters, for tests and the benchmark: how often affinity decided.
+        self.affinity_routed = 0
+        self.affinity_overridden = 0
+
+    def update_replicas(self, replicas: list[RunningReplica]) -> None:
+        super().update_replicas(replicas)
+        self._publish()
+
+    def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
+        super().on_replica_actor_died(replica_id)
+        self.in_flight.pop(replica_id, None)
+        self._publish()
+
+    def _publish(self) -> None:
+        routing_state.live_replicas[self._deployment_id.name] = sorted(r.unique_id for r in self.curr_replicas)
+
+    async def choose_replicas(self, candidate_replicas: list[RunningReplica],
+                              pending_request: Optional[PendingRequest] = None) -> list[list[RunningReplica]]:
+        if not candidate_replicas:
+            return []
+        kwargs = pending_request.kwargs if pending_request is not None else {}
+        target = kwargs.get("replica")
+        if target is not None:  # a call meant for one replica (its /metrics)
+            return [[r for r in candidate_replicas if r.replica_id.unique_id == target]]
+        by_load = sorted(candidate_replicas, key=lambda r: (self.in_flight.get(r.replica_id, 0), random.random()))
+        least_load = self.in_flight.get(by_load[0].replica_id, 0)
+        owner = self._owner(kwargs.get("prefix") or (), {r.replica_id: r for r in candidate_replicas})
+        if owner is not None:
+            if self.in_flight.get(owner.replica_id, 0) - least_load < self.imbalance_threshold:
+                self.affinity_routed += 1
+                # Should the owner turn out full, Ray falls back to the next rank.
+                rest = [r for r in by_load[:2] if r is not owner]
+                return [[owner], rest] if rest else [[owner]]
+            self.affinity_overridden += 1
+        return [by_load[:2]]
+
+    def _owner(self, prefix: tuple[int, ...], candidates: dict[ReplicaID, RunningReplica]) -> RunningReplica | None:
+        for block_hash in reversed(prefix):
+            owner = candidates.get(self.owner_of_block.get(block_hash))
+            if owner is not None:
+                return owner
+        return None
+
+    def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID,
+                          result: ReplicaResult) -> None:
+        self.in_flight[replica_id] = self.in_flight.get(replica_id, 0) + 1
+        self.replica_of_request[pending_request.metadata.internal_request_id] = replica_id
+        for block_hash in pending_request.kwargs.get("prefix") or ():
+            self.owner_of_block[block_hash] = replica_id
+            self.owner_of_block.move_to_end(block_hash)
+        while len(self.owner_of_block) > self.max_remembered_blocks:
+            self.owner_of_block.popitem(last=False)
+
+    def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
+        if self.replica_of_request.pop(internal_request_id, None) is not None and replica_id in self.in_flight:
+            self.in_flight[replica_id] = max(0, self.in_flight[replica_id] - 1)
