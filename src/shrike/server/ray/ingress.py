@@ -23,7 +23,7 @@ from shrike.server.middleware import RequestBodyMiddleware
 from shrike.server.ray.metrics_merge import merge_expositions
 from shrike.server.ray.prefix import prefix_hashes
 from shrike.server.ray.replica import ACCEPTED
-from shrike.server.ray.routing_state import live_replicas
+from shrike.server.ray.routing_state import live_replicas, render_decisions
 
 logger = logging.getLogger("shrike.server.ray")
 
@@ -143,7 +143,12 @@ class IngressApp:
     async def _health(self, send: Send) -> None:
         status = await self._deployment_status()
         running = status["replicas"].get("RUNNING", 0)
-        state = "ok" if running and status["status"] == "HEALTHY" else "degraded" if running else "unavailable"
+        # The router hears of a death from the first request that hits it, before Serve's controller.
+        routable = live_replicas.get(self.engine_deployment)
+        if routable is not None:
+            running = min(running, len(routable))
+        whole = running == sum(status["replicas"].values()) and status["status"] == "HEALTHY"
+        state = "ok" if running and whole else "degraded" if running else "unavailable"
         await _send_json(send, 200 if running else 503, {"status": state, "deployment": status})
 
     async def _deployment_status(self) -> dict:
@@ -162,17 +167,24 @@ class IngressApp:
         if not live_replicas.get(self.engine_deployment):
             # The handle learns the replica set on its first call.
             await self._collect(await self._open(scrape, ()))
-        replica_ids = live_replicas.get(self.engine_deployment, [])
-        results = await asyncio.gather(*(self._scrape(scrape, r) for r in replica_ids))
-        texts = {r: text for r, text in zip(replica_ids, results) if text is not None}
-        await _send_text(send, 200, merge_expositions(texts), "text/plain; version=0.0.4; charset=utf-8")
+        texts = {}
+        # One at a time: calls made while serving one request share its internal request id, and
+        # Ray's router cannot tell concurrent ones apart (one of them would never be routed).
+        for replica_id in live_replicas.get(self.engine_deployment, []):
+            text = await self._scrape(scrape, replica_id)
+            if text is not None:
+                texts[replica_id] = text
+        await _send_text(send, 200, merge_expositions(texts) + render_decisions(),
+                         "text/plain; version=0.0.4; charset=utf-8")
 
     async def _scrape(self, scrape: dict, replica_id: str) -> str | None:
+        async def scrape_one() -> str:
+            return await self._collect(await self._open(scrape, (), replica_id))
+
         try:
-            return await asyncio.wait_for(self._collect(await self._open(scrape, (), replica_id)),
-                                          METRICS_TIMEOUT_SECONDS)
+            return await asyncio.wait_for(scrape_one(), METRICS_TIMEOUT_SECONDS)
         except (APIError, RayActorError, asyncio.TimeoutError) as error:
-            logger.warning("no metrics from replica %s (%s)", replica_id, type(error).__name__)
+            logger.warning("no metrics from replica %s (%s: %s)", replica_id, type(error).__name__, error)
             return None
 
     @staticmethod

@@ -41,7 +41,8 @@ def ray_serve_main(args: argparse.Namespace) -> int:
     if address is None:
         # The proxy will listen on this machine: a taken port should fail now, not inside Ray.
         listen(args.host, args.port).close()
-    local = {} if address else {"object_store_memory": LOCAL_OBJECT_STORE_BYTES}
+    # A cluster of our own is for this machine only: it listens on loopback.
+    local = {} if address else {"object_store_memory": LOCAL_OBJECT_STORE_BYTES, "_node_ip_address": "127.0.0.1"}
     cluster = ray.init(address=address or "local", include_dashboard=False, logging_level=logging.WARNING,
                        configure_logging=False, **local)
     try:

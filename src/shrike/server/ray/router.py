@@ -7,7 +7,8 @@ received each hash and sends a request to the replica holding its longest known 
 unless that replica has `imbalance_threshold` more requests in flight than the least loaded
 one; everything else goes to the least loaded replicas (Ray then probes their queues).
 
-Loads are counted here, from the routed/completed callbacks, so they cost no round trip. With
+Loads are counted here, from when a request is routed until Ray reports it completed, so they
+cost no round trip. With
 several ingress replicas each counts only its own traffic, which is a fair sample of it.
 """
 from __future__ import annotations
@@ -16,14 +17,13 @@ import random
 from collections import OrderedDict
 from typing import Optional
 
-from ray.serve.request_router import PendingRequest, ReplicaID, ReplicaResult, RequestRouter, RunningReplica
+from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
 from shrike.server.ray import routing_state
 
 # Prefix hashes remembered per router (oldest forgotten first): ~100 bytes each.
 MAX_REMEMBERED_BLOCKS = 200_000
 DEFAULT_IMBALANCE_THRESHOLD = 4
-
 
 
 class PrefixAffinityRouter(RequestRouter):
@@ -34,9 +34,7 @@ class PrefixAffinityRouter(RequestRouter):
         self.owner_of_block: OrderedDict[int, ReplicaID] = OrderedDict()
         self.in_flight: dict[ReplicaID, int] = {}
         self.replica_of_request: dict[str, ReplicaID] = {}
-        # Outcome counters, for tests and the benchmark: how often affinity decided.
-        self.affinity_routed = 0
-        self.affinity_overridden = 0
+        self.watched_futures: set = set()
 
     def update_replicas(self, replicas: list[RunningReplica]) -> None:
         super().update_replicas(replicas)
@@ -54,20 +52,25 @@ class PrefixAffinityRouter(RequestRouter):
                               pending_request: Optional[PendingRequest] = None) -> list[list[RunningReplica]]:
         if not candidate_replicas:
             return []
-        kwargs = pending_request.kwargs if pending_request is not None else {}
+        if pending_request is None:
+            return [random.sample(candidate_replicas, min(2, len(candidate_replicas)))]
+        kwargs = pending_request.kwargs
         target = kwargs.get("replica")
         if target is not None:  # a call meant for one replica (its /metrics)
             return [[r for r in candidate_replicas if r.replica_id.unique_id == target]]
+        self._watch(pending_request)
         by_load = sorted(candidate_replicas, key=lambda r: (self.in_flight.get(r.replica_id, 0), random.random()))
         least_load = self.in_flight.get(by_load[0].replica_id, 0)
         owner = self._owner(kwargs.get("prefix") or (), {r.replica_id: r for r in candidate_replicas})
         if owner is not None:
             if self.in_flight.get(owner.replica_id, 0) - least_load < self.imbalance_threshold:
-                self.affinity_routed += 1
+                routing_state.count_decision("prefix")
                 # Should the owner turn out full, Ray falls back to the next rank.
                 rest = [r for r in by_load[:2] if r is not owner]
                 return [[owner], rest] if rest else [[owner]]
-            self.affinity_overridden += 1
+            routing_state.count_decision("prefix_overridden_by_load")
+        else:
+            routing_state.count_decision("least_loaded")
         return [by_load[:2]]
 
     def _owner(self, prefix: tuple[int, ...], candidates: dict[ReplicaID, RunningReplica]) -> RunningReplica | None:
@@ -77,15 +80,31 @@ class PrefixAffinityRouter(RequestRouter):
                 return owner
         return None
 
-    def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID,
-                          result: ReplicaResult) -> None:
-        self.in_flight[replica_id] = self.in_flight.get(replica_id, 0) + 1
-        self.replica_of_request[pending_request.metadata.internal_request_id] = replica_id
-        for block_hash in pending_request.kwargs.get("prefix") or ():
-            self.owner_of_block[block_hash] = replica_id
-            self.owner_of_block.move_to_end(block_hash)
-        while len(self.owner_of_block) > self.max_remembered_blocks:
-            self.owner_of_block.popitem(last=False)
+    def _watch(self, pending_request: PendingRequest) -> None:
+        """Count the request and record its prefix once Ray has settled on a replica for it.
+
+        Ray tells routers the outcome through the request's future (on_request_routed is only
+        called under strict max_ongoing_requests), and may ask for choices more than once.
+        """
+        future = pending_request.future
+        if future in self.watched_futures:
+            return
+        self.watched_futures.add(future)
+
+        def routed(done) -> None:
+            self.watched_futures.discard(done)
+            if done.cancelled() or done.exception() is not None:
+                return
+            replica_id = done.result().replica_id
+            self.in_flight[replica_id] = self.in_flight.get(replica_id, 0) + 1
+            self.replica_of_request[pending_request.metadata.internal_request_id] = replica_id
+            for block_hash in pending_request.kwargs.get("prefix") or ():
+                self.owner_of_block[block_hash] = replica_id
+                self.owner_of_block.move_to_end(block_hash)
+            while len(self.owner_of_block) > self.max_remembered_blocks:
+                self.owner_of_block.popitem(last=False)
+
+        future.add_done_callback(routed)
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
         if self.replica_of_request.pop(internal_request_id, None) is not None and replica_id in self.in_flight:
