@@ -204,7 +204,9 @@ async def _send_text(send: Send, status: int, text: str, content_type: str) -> N
 
 
 class ShrikeIngress:
-    def __init__(self, engine, app_name: str, engine_deployment: str):
+    def __init__(self, engine, engine_deployment: str):
+        # The application's name is the deployer's choice (a Serve config may rename it).
+        app_name = serve.get_replica_context().app_name
         self.asgi = RequestBodyMiddleware(IngressApp(engine, app_name, engine_deployment))
 
     def __serve_build_asgi_app__(self):

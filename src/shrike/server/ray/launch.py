@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shlex
 import signal
+import socket
 import threading
 from pathlib import Path
 
@@ -25,19 +27,22 @@ ROUTERS = {"prefix-affinity": "shrike.server.ray.router.PrefixAffinityRouter",
 HEALTH_CHECK_PERIOD_SECONDS = 2.0
 # Requests and responses pass through Ray's object store only in small pieces.
 LOCAL_OBJECT_STORE_BYTES = 256 << 20
+CONNECT_TIMEOUT_SECONDS = 5.0
 
 
 def ray_serve_main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     check_ray_arguments(args)
     check_chat_template_flag(args.chat_template)
+    address = ray_address(args)
+    if address is not None:
+        _check_reachable(address)
     try:
         import ray
         from ray import serve
     except ImportError:
         raise ConfigError("--ray needs Ray Serve: pip install 'shrike[ray]'") from None
     _resolve_model(args)
-    address = ray_address(args)
     if address is None:
         # The proxy will listen on this machine: a taken port should fail now, not inside Ray.
         listen(args.host, args.port).close()
@@ -48,7 +53,9 @@ def ray_serve_main(args: argparse.Namespace) -> int:
     try:
         serve.start(http_options={"host": args.host, "port": args.port})
         try:
-            serve.run(build_application(args, args.request_router or "prefix-affinity"), name=APP_NAME, route_prefix="/")
+            # Ray's access log would add a line per request and per replica call; Shrike logs throughput.
+            serve.run(build_application(args, args.request_router or "prefix-affinity"), name=APP_NAME,
+                      route_prefix="/", logging_config={"enable_access_log": False})
         except RuntimeError as e:
             raise ConfigError(f"the deployment failed: {' '.join(str(e).split())[:500]}") from None
         logger.info(_startup_line(args, address, cluster.address_info.get("gcs_address", "?")))
@@ -95,7 +102,25 @@ def build_application(args: argparse.Namespace, router: str = "prefix-affinity")
         ray_actor_options={"num_cpus": 0}, max_ongoing_requests=high * capacity + args.max_queue_len + 64,
         graceful_shutdown_timeout_s=GRACEFUL_SHUTDOWN_SECONDS + 5)
     serve_args = {**vars(args), "cpus_per_replica": cpus}
-    return ingress.bind(engine.bind(serve_args), APP_NAME, ENGINE_DEPLOYMENT)
+    return ingress.bind(engine.bind(serve_args), ENGINE_DEPLOYMENT)
+
+
+def app_builder(config: dict):
+    """The application from `shrike serve` flags, for Serve config files and KubeRay's RayService:
+
+        import_path: shrike.server.ray.launch:app_builder
+        args: {flags: "/models/qwen3 --num-replicas 2 --cpus-per-replica 4"}
+
+    Serve listens where the cluster's Serve config says; --host/--port/--ray-address do not apply.
+    """
+    from shrike.cli import build_parser
+
+    args = build_parser().parse_args(["serve", "--ray", *shlex.split(str(config.get("flags", "")))])
+    check_ray_arguments(args)
+    check_chat_template_flag(args.chat_template)
+    if args.model is not None:
+        args.served_model_name = args.served_model_name or [args.model]
+    return build_application(args, args.request_router or "prefix-affinity")
 
 
 def _resolve_model(args: argparse.Namespace) -> None:
@@ -110,6 +135,18 @@ def _resolve_model(args: argparse.Namespace) -> None:
     # Replicas do not run in this directory.
     args.served_model_name = args.served_model_name or [args.model]
     args.model = str(path.resolve())
+
+
+def _check_reachable(address: str) -> None:
+    """ray.init retries an unreachable address for minutes; a wrong one deserves one line now."""
+    host, _, port = address.rpartition(":")
+    if "://" in address or not port.isdigit():
+        return  # "auto", ray:// client addresses: Ray resolves those itself
+    try:
+        socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_SECONDS).close()
+    except OSError as e:
+        raise ConfigError(f"cannot reach the Ray cluster at {address} ({e.strerror or e}); start its head with "
+                          "`ray start --head` or fix --ray-address / RAY_ADDRESS") from None
 
 
 def _wait_for_stop_signal() -> None:

@@ -30,6 +30,7 @@ CANCEL_GRACE_SECONDS = 2.0
 
 class ShrikeReplica:
     async def __init__(self, serve_args: dict):
+        _log_to_stderr()
         args = argparse.Namespace(**serve_args)
         context = serve.get_replica_context()
         self.replica_id = context.replica_id.unique_id
@@ -105,6 +106,18 @@ class ShrikeReplica:
     async def __del__(self):
         # Ray calls this once in-flight requests have drained (or the drain timed out).
         await self.lifespan.shutdown()
+
+
+def _log_to_stderr() -> None:
+    """Shrike's own lines (start-up, throughput) reach the `shrike serve --ray` terminal through Ray's log
+    streaming; Ray leaves non-Ray loggers at WARNING without a handler."""
+    shrike_logger = logging.getLogger("shrike")
+    if not shrike_logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        shrike_logger.addHandler(handler)
+        shrike_logger.setLevel(logging.INFO)
+        shrike_logger.propagate = False
 
 
 def _scope(request: dict) -> dict:
