@@ -66,7 +66,8 @@ def _start(config: str, log_path: Path) -> tuple[subprocess.Popen, str]:
             raise RuntimeError(f"{config} exited during start-up:\n{log_path.read_text()[-3000:]}")
         try:
             response = httpx.get(f"{base}/health", timeout=2)
-            ready = response.status_code == 200 and ("--ray" not in CONFIGS[config] or response.json()["status"] == "ok")
+            ray = "--ray" in CONFIGS[config]
+            ready = response.status_code == 200 and (not ray or response.json()["status"] == "ok")
             if ready and "serving" in log_path.read_text():
                 return process, base
         except (httpx.TransportError, ValueError):
@@ -133,7 +134,8 @@ async def _workload(base: str, streams: int, waves: int, max_tokens: int) -> dic
             tokens += sum(n for _, n in results)
         elapsed = time.perf_counter() - start
         hits, queries = _prefix_counters(base)
-    return {"idle_ttft_median_ms": 1000 * statistics.median(idle_ttfts), "aggregate_tok_s": tokens / elapsed, "ttft_median_s": statistics.median(ttfts),
+    return {"idle_ttft_median_ms": 1000 * statistics.median(idle_ttfts), "aggregate_tok_s": tokens / elapsed,
+            "ttft_median_s": statistics.median(ttfts),
             "ttft_p90_s": statistics.quantiles(ttfts, n=10)[-1],
             "prefix_hit_rate": (hits - hits0) / max(queries - queries0, 1),
             "models_latency_median_ms": 1000 * statistics.median(models), "generated_tokens": tokens}

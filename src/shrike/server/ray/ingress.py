@@ -50,7 +50,7 @@ class IngressApp:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            while (message := await receive())["type"] != "lifespan.shutdown":
+            while (await receive())["type"] != "lifespan.shutdown":
                 await send({"type": "lifespan.startup.complete"})
             await send({"type": "lifespan.shutdown.complete"})
             return
@@ -66,6 +66,10 @@ class IngressApp:
                 await self._forward(scope, receive, send)
         except APIError as error:  # raised before anything was sent
             await error.response()(scope, receive, send)
+        except Exception as error:  # noqa: BLE001 - likewise; _relay handles what fails after the start
+            logger.exception("unexpected error serving %s %s", *route)
+            await APIError(f"internal error ({type(error).__name__}); the cluster is still serving", 500,
+                           "server_error").response()(scope, receive, send)
 
     # Forwarding ----------------------------------------------------------------------
 
@@ -83,8 +87,9 @@ class IngressApp:
     async def _open(self, request: dict, prefix: tuple[int, ...], replica: str | None = None):
         """A response stream that a live replica has accepted."""
         for attempt in (1, 2):
-            stream = self.engine.remote(request, prefix=prefix, replica=replica)
+            stream = None
             try:
+                stream = self.engine.remote(request, prefix=prefix, replica=replica)
                 first = await asyncio.wait_for(stream.__anext__(), ROUTING_TIMEOUT_SECONDS)
             except asyncio.TimeoutError:
                 stream.cancel()

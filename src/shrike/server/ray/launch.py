@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import shlex
 import signal
 import socket
@@ -46,6 +47,9 @@ def ray_serve_main(args: argparse.Namespace) -> int:
     if address is None:
         # The proxy will listen on this machine: a taken port should fail now, not inside Ray.
         listen(args.host, args.port).close()
+    if address is None:
+        # A cluster started on the user's behalf does not report usage to Ray's servers unless asked to.
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     # A cluster of our own is for this machine only: it listens on loopback.
     local = {} if address else {"object_store_memory": LOCAL_OBJECT_STORE_BYTES, "_node_ip_address": "127.0.0.1"}
     cluster = ray.init(address=address or "local", include_dashboard=False, logging_level=logging.WARNING,
