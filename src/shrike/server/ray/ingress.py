@@ -22,7 +22,7 @@ from shrike.server.errors import RETRY_AFTER_SECONDS, APIError
 from shrike.server.middleware import RequestBodyMiddleware
 from shrike.server.ray.metrics_merge import merge_expositions
 from shrike.server.ray.prefix import prefix_hashes
-from shrike.server.ray.replica import ACCEPTED
+from shrike.server.ray.replica import ACCEPTED, REPLICA_HEADER
 from shrike.server.ray.routing_state import live_replicas, render_decisions
 
 logger = logging.getLogger("shrike.server.ray")
@@ -183,8 +183,10 @@ class IngressApp:
                          "text/plain; version=0.0.4; charset=utf-8")
 
     async def _scrape(self, scrape: dict, replica_id: str) -> str | None:
-        async def scrape_one() -> str:
-            return await self._collect(await self._open(scrape, (), replica_id))
+        async def scrape_one() -> str | None:
+            answered_by, text = await self._collect(await self._open(scrape, (), replica_id))
+            # A FIFO router may hand the slot it found to an older request: keep only a true answer.
+            return text if answered_by == replica_id else None
 
         try:
             return await asyncio.wait_for(scrape_one(), METRICS_TIMEOUT_SECONDS)
@@ -193,9 +195,16 @@ class IngressApp:
             return None
 
     @staticmethod
-    async def _collect(stream) -> str:
-        chunks = [m.get("body", b"") async for batch in stream for m in batch if m["type"] == "http.response.body"]
-        return b"".join(chunks).decode()
+    async def _collect(stream) -> tuple[str, str]:
+        """(the replica that answered, the response body)."""
+        replica, chunks = "", []
+        async for batch in stream:
+            for message in batch:
+                if message["type"] == "http.response.start":
+                    replica = dict(message.get("headers", ())).get(REPLICA_HEADER, b"").decode()
+                elif message["type"] == "http.response.body":
+                    chunks.append(message.get("body", b""))
+        return replica, b"".join(chunks).decode()
 
 
 async def _send_json(send: Send, status: int, body: dict) -> None:

@@ -23,7 +23,7 @@ APP_NAME = "shrike"
 ENGINE_DEPLOYMENT = "ShrikeReplica"
 INGRESS_DEPLOYMENT = "ShrikeIngress"
 ROUTERS = {"prefix-affinity": "shrike.server.ray.router.PrefixAffinityRouter",
-           "power-of-two": "ray.serve._private.request_router.pow_2_router.PowerOfTwoChoicesRequestRouter"}
+           "power-of-two": "shrike.server.ray.router.PowerOfTwoRouter"}
 # Ray notices a dead replica at once; this is for one that hangs.
 HEALTH_CHECK_PERIOD_SECONDS = 2.0
 # Requests and responses pass through Ray's object store only in small pieces.

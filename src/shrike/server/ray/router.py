@@ -8,8 +8,12 @@ unless that replica has `imbalance_threshold` more requests in flight than the l
 one; everything else goes to the least loaded replicas (Ray then probes their queues).
 
 Loads are counted here, from when a request is routed until Ray reports it completed, so they
-cost no round trip. With
-several ingress replicas each counts only its own traffic, which is a fair sample of it.
+cost no round trip. With several ingress replicas each counts only its own traffic, which is a
+fair sample of it.
+
+Both routers here also publish the replica set (for the ingress's /metrics) and honour calls
+addressed to one replica (`replica=` keyword): `PowerOfTwoRouter` is Ray's default policy with
+just that added, for comparison.
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import random
 from collections import OrderedDict
 from typing import Optional
 
+from ray.serve._private.request_router.pow_2_router import PowerOfTwoChoicesRequestRouter
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
 from shrike.server.ray import routing_state
@@ -26,7 +31,39 @@ MAX_REMEMBERED_BLOCKS = 200_000
 DEFAULT_IMBALANCE_THRESHOLD = 4
 
 
-class PrefixAffinityRouter(RequestRouter):
+class _ShrikeRouting:
+    """What the ingress needs from any router: the live replicas, and calls aimed at one of them."""
+
+    def update_replicas(self, replicas: list[RunningReplica]) -> None:
+        super().update_replicas(replicas)
+        self._publish()
+
+    def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
+        super().on_replica_actor_died(replica_id)
+        self._publish()
+
+    def _publish(self) -> None:
+        routing_state.live_replicas[self._deployment_id.name] = sorted(r.unique_id for r in self.curr_replicas)
+
+    @staticmethod
+    def _addressed(candidates: list[RunningReplica], pending_request: Optional[PendingRequest]
+                   ) -> list[list[RunningReplica]] | None:
+        target = pending_request.kwargs.get("replica") if pending_request is not None else None
+        if target is None:
+            return None
+        return [[r for r in candidates if r.replica_id.unique_id == target]]
+
+
+class PowerOfTwoRouter(_ShrikeRouting, PowerOfTwoChoicesRequestRouter):
+    async def choose_replicas(self, candidate_replicas: list[RunningReplica],
+                              pending_request: Optional[PendingRequest] = None) -> list[list[RunningReplica]]:
+        addressed = self._addressed(candidate_replicas, pending_request)
+        if addressed is not None:
+            return addressed
+        return await super().choose_replicas(candidate_replicas, pending_request)
+
+
+class PrefixAffinityRouter(_ShrikeRouting, RequestRouter):
     def initialize_state(self, imbalance_threshold: int = DEFAULT_IMBALANCE_THRESHOLD,
                          max_remembered_blocks: int = MAX_REMEMBERED_BLOCKS) -> None:
         self.imbalance_threshold = imbalance_threshold
@@ -36,17 +73,9 @@ class PrefixAffinityRouter(RequestRouter):
         self.replica_of_request: dict[str, ReplicaID] = {}
         self.watched_futures: set = set()
 
-    def update_replicas(self, replicas: list[RunningReplica]) -> None:
-        super().update_replicas(replicas)
-        self._publish()
-
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
         self.in_flight.pop(replica_id, None)
-        self._publish()
-
-    def _publish(self) -> None:
-        routing_state.live_replicas[self._deployment_id.name] = sorted(r.unique_id for r in self.curr_replicas)
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: Optional[PendingRequest] = None) -> list[list[RunningReplica]]:
@@ -54,10 +83,10 @@ class PrefixAffinityRouter(RequestRouter):
             return []
         if pending_request is None:
             return [random.sample(candidate_replicas, min(2, len(candidate_replicas)))]
+        addressed = self._addressed(candidate_replicas, pending_request)
+        if addressed is not None:  # a call meant for one replica (its /metrics)
+            return addressed
         kwargs = pending_request.kwargs
-        target = kwargs.get("replica")
-        if target is not None:  # a call meant for one replica (its /metrics)
-            return [[r for r in candidate_replicas if r.replica_id.unique_id == target]]
         self._watch(pending_request)
         by_load = sorted(candidate_replicas, key=lambda r: (self.in_flight.get(r.replica_id, 0), random.random()))
         least_load = self.in_flight.get(by_load[0].replica_id, 0)
