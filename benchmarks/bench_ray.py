@@ -1,7 +1,8 @@
 """Shrike behind Ray Serve (2 replicas x 1 core) against one `shrike serve` on 2 cores.
 
-Workload: 16 concurrent streamed chat requests in waves; each request carries one of 4 long system
-prompts (so 4 requests of a wave share a prefix) and its own question. Per configuration:
+Workload: 16 concurrent streamed chats in waves, one turn of 16 conversations per wave; each
+conversation starts with one of 4 long system prompts (shared by 4 conversations) and carries its
+own growing history, as chat clients send it. Per configuration:
 aggregate generated tokens/s, median time to first token, prefix-cache hit rate (from /metrics,
 over all replicas), and the routing overhead: the median latency of GET /v1/models, which
 computes nothing, so the difference between the paths is what the proxy, the ingress and the
@@ -94,10 +95,22 @@ def _prefix_counters(base: str) -> tuple[float, float]:
     return total("shrike:prefix_cache_hits_total"), total("shrike:prefix_cache_queries_total")
 
 
-async def _stream(client: httpx.AsyncClient, system: str, question: str, max_tokens: int) -> tuple[float, int]:
+def _conversation(stream: int, turn: int) -> list[dict]:
+    """Stream i's conversation at a turn: a system prompt shared with 3 other streams, then its own
+    history (fixed answers, so every run sends the same text)."""
+    messages = [{"role": "system", "content": SYSTEM_PROMPTS[stream % len(SYSTEM_PROMPTS)]}]
+    for t in range(turn + 1):
+        messages.append({"role": "user", "content": f"Traveller {stream}, question {t}: which city in region {t} "
+                                                    "should I visit first, and why?"})
+        if t < turn:
+            messages.append({"role": "assistant", "content": f"Region {t}: start with its capital; it is the "
+                                                             "easiest to reach and has the most to see."})
+    return messages
+
+
+async def _stream(client: httpx.AsyncClient, messages: list[dict], max_tokens: int) -> tuple[float, int]:
     body = {"model": SERVED_NAME, "stream": True, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
-            "stream_options": {"include_usage": True},
-            "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}]}
+            "stream_options": {"include_usage": True}, "messages": messages}
     start = time.perf_counter()
     ttft, tokens = None, 0
     async with client.stream("POST", "/v1/chat/completions", json=body) as response:
@@ -121,15 +134,14 @@ async def _workload(base: str, streams: int, waves: int, max_tokens: int) -> dic
             start = time.perf_counter()
             (await client.get("/v1/models")).raise_for_status()
             models.append(time.perf_counter() - start)
-        await _stream(client, "warm-up", "Say hi.", 2)
-        idle_ttfts = [(await _stream(client, "Be brief.", f"Say {i}.", 1))[0] for i in range(20)]
+        await _stream(client, [{"role": "user", "content": "Say hi."}], 2)
+        idle_ttfts = [(await _stream(client, [{"role": "user", "content": f"Say {i}."}], 1))[0] for i in range(20)]
         hits0, queries0 = _prefix_counters(base)
         ttfts, tokens = [], 0
         start = time.perf_counter()
         for wave in range(waves):
-            results = await asyncio.gather(*(
-                _stream(client, SYSTEM_PROMPTS[i % len(SYSTEM_PROMPTS)], f"Question {wave}-{i}: where should I go?",
-                        max_tokens) for i in range(streams)))
+            results = await asyncio.gather(*(_stream(client, _conversation(i, wave), max_tokens)
+                                             for i in range(streams)))
             ttfts += [t for t, _ in results]
             tokens += sum(n for _, n in results)
         elapsed = time.perf_counter() - start

@@ -87,7 +87,6 @@ class IngressApp:
     async def _open(self, request: dict, prefix: tuple[int, ...], replica: str | None = None):
         """A response stream that a live replica has accepted."""
         for attempt in (1, 2):
-            stream = None
             try:
                 stream = self.engine.remote(request, prefix=prefix, replica=replica)
                 first = await asyncio.wait_for(stream.__anext__(), ROUTING_TIMEOUT_SECONDS)
