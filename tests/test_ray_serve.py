@@ -1,4 +1,4 @@
-"""`shrike serve --ray` on a real local Ray cluster (127.0.0.1): two SmolLM2 replicas of one CPU each.
+"""`shrike serve --ray` on a real local Ray cluster (HTTP on 127.0.0.1): two SmolLM2 replicas of one CPU each.
 
 One cluster serves the whole module, and the tests run in order: the API through the official
 openai client, prefix affinity, load spreading, a replica killed mid-stream, then SIGTERM, which
@@ -45,7 +45,7 @@ class Cluster:
 
 def _ray_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # a cluster of its own
-    # A throwaway loopback cluster needs no token; the test joins it to kill a replica.
+    # A throwaway test cluster needs no token; the test joins it to kill a replica.
     env["RAY_AUTH_MODE"] = "disabled"
     return env
 

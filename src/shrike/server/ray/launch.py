@@ -50,8 +50,7 @@ def ray_serve_main(args: argparse.Namespace) -> int:
     if address is None:
         # A cluster started on the user's behalf does not report usage to Ray's servers unless asked to.
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    # A cluster of our own is for this machine only: it listens on loopback.
-    local = {} if address else {"object_store_memory": LOCAL_OBJECT_STORE_BYTES, "_node_ip_address": "127.0.0.1"}
+    local = {} if address else {"object_store_memory": LOCAL_OBJECT_STORE_BYTES}
     cluster = ray.init(address=address or "local", include_dashboard=False, logging_level=logging.WARNING,
                        configure_logging=False, **local)
     try:
