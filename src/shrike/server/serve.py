@@ -33,9 +33,30 @@ def serve_main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # uvicorn's own start-up chatter would bury the one line that matters; its warnings still show.
     logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
-    _check_chat_template_flag(args.chat_template)
+    check_chat_template_flag(args.chat_template)
     tool_parser_class = _tool_parser_class(args)
-    listener = _listen(args.host, args.port)
+    listener = listen(args.host, args.port)
+    ctx, engine = build_server_context(args, tool_parser_class)
+    async_engine = ctx.async_engine
+    host, port = listener.getsockname()[:2]
+    app = build_app(ctx, log_stats=not args.disable_log_stats,
+                    startup_message=_startup_line(ctx, engine, host, port, args.generation_config, args.web_ui),
+                    web_ui=args.web_ui)
+    server = DrainingServer(uvicorn.Config(app, log_config=None, timeout_graceful_shutdown=CONNECTION_CLOSE_SECONDS),
+                            ctx.drain, args.shutdown_timeout, async_engine.stop)
+    # uvicorn re-raises the signal it stopped for once it has put back the previous handlers;
+    # a requested stop is a success, so those handlers let it pass and we exit 0.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda signum, frame: None)
+    server.run(sockets=[listener])
+    logger.info("stopped")
+    return 0
+
+
+def build_server_context(args: argparse.Namespace, tool_parser_class: type | None = None
+                         ) -> tuple[ServerContext, LLMEngine]:
+    """Load the model and everything the endpoints need (the engine loop starts with the app)."""
+    tool_parser_class = tool_parser_class or _tool_parser_class(args)
     engine = LLMEngine(EngineConfig(
         model=args.model, dtype=args.dtype, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_space_gib=args.kv_cache_space,
@@ -53,19 +74,7 @@ def serve_main(args: argparse.Namespace) -> int:
                         grammar_compiler=_grammar_compiler(args.structured_outputs_backend, engine),
                         tool_parser_class=tool_parser_class, enable_auto_tool_choice=args.enable_auto_tool_choice,
                         reasoning_parser=ReasoningParser(args.reasoning_parser) if args.reasoning_parser else None)
-    host, port = listener.getsockname()[:2]
-    app = build_app(ctx, log_stats=not args.disable_log_stats,
-                    startup_message=_startup_line(ctx, engine, host, port, args.generation_config, args.web_ui),
-                    web_ui=args.web_ui)
-    server = DrainingServer(uvicorn.Config(app, log_config=None, timeout_graceful_shutdown=CONNECTION_CLOSE_SECONDS),
-                            ctx.drain, args.shutdown_timeout, async_engine.stop)
-    # uvicorn re-raises the signal it stopped for once it has put back the previous handlers;
-    # a requested stop is a success, so those handlers let it pass and we exit 0.
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda signum, frame: None)
-    server.run(sockets=[listener])
-    logger.info("stopped")
-    return 0
+    return ctx, engine
 
 
 def _tool_parser_class(args: argparse.Namespace) -> type | None:
@@ -88,13 +97,13 @@ def _grammar_compiler(backend: str, engine: LLMEngine) -> GrammarCompiler:
     return compiler
 
 
-def _check_chat_template_flag(template: str | None) -> None:
+def check_chat_template_flag(template: str | None) -> None:
     if template is None or Path(template).is_file() or "{{" in template or "{%" in template:
         return
     raise ConfigError(f"--chat-template {template!r} is neither a file nor a Jinja template")
 
 
-def _listen(host: str, port: int) -> socket.socket:
+def listen(host: str, port: int) -> socket.socket:
     """Bind before the (slow) model load, so a taken port fails at once."""
     try:
         family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
