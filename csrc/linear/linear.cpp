@@ -18,25 +18,32 @@ using W4A8Tiles = void (*)(const W4A8Problem&, int64_t, int64_t);
 using W8A8Tiles = void (*)(const W8A8Problem&, int64_t, int64_t);
 
 // smmla computes two rows at once; a single decode row is better served by sdot.
+// The avx512bf16 level has no int8 kernels of its own: it includes avx512vnni.
 template <typename Fn>
-Fn pick(Fn ref_fn, Fn avx2_fn, Fn dotprod_fn, Fn i8mm_fn, Fn sve2_fn, int64_t m) {
+struct Variants {
+  Fn ref, avx2, avxvnni, avx512vnni, dotprod, i8mm, sve2;
+};
+
+template <typename Fn>
+Fn pick(const Variants<Fn>& v, int64_t m) {
   switch (active_isa()) {
-    case Isa::avx2:
-    case Isa::avxvnni:
+    case Isa::avx2: return v.avx2;
+    case Isa::avxvnni: return v.avxvnni;
     case Isa::avx512vnni:
-    case Isa::avx512bf16: return avx2_fn;
-    case Isa::dotprod: return dotprod_fn;
-    case Isa::i8mm: return m < 2 ? dotprod_fn : i8mm_fn;
-    case Isa::sve2: return sve2_fn;
-    default: return ref_fn;
+    case Isa::avx512bf16: return v.avx512vnni;
+    case Isa::dotprod: return v.dotprod;
+    case Isa::i8mm: return m < 2 ? v.dotprod : v.i8mm;
+    case Isa::sve2: return v.sve2;
+    default: return v.ref;
   }
 }
 
 W4A8Tiles w4a8_kernel(int64_t m) {
 #if defined(SHRIKE_X86)
-  return pick<W4A8Tiles>(ref::w4a8_tiles, avx2::w4a8_tiles, nullptr, nullptr, nullptr, m);
+  return pick<W4A8Tiles>({ref::w4a8_tiles, avx2::w4a8_tiles, avxvnni::w4a8_tiles, avx512vnni::w4a8_tiles}, m);
 #elif defined(SHRIKE_AARCH64)
-  return pick<W4A8Tiles>(ref::w4a8_tiles, nullptr, dotprod::w4a8_tiles, i8mm::w4a8_tiles, sve2::w4a8_tiles, m);
+  return pick<W4A8Tiles>({ref::w4a8_tiles, nullptr, nullptr, nullptr, dotprod::w4a8_tiles, i8mm::w4a8_tiles,
+                          sve2::w4a8_tiles}, m);
 #else
   return ref::w4a8_tiles;
 #endif
@@ -44,9 +51,10 @@ W4A8Tiles w4a8_kernel(int64_t m) {
 
 W8A8Tiles w8a8_kernel(int64_t m) {
 #if defined(SHRIKE_X86)
-  return pick<W8A8Tiles>(ref::w8a8_tiles, avx2::w8a8_tiles, nullptr, nullptr, nullptr, m);
+  return pick<W8A8Tiles>({ref::w8a8_tiles, avx2::w8a8_tiles, avxvnni::w8a8_tiles, avx512vnni::w8a8_tiles}, m);
 #elif defined(SHRIKE_AARCH64)
-  return pick<W8A8Tiles>(ref::w8a8_tiles, nullptr, dotprod::w8a8_tiles, i8mm::w8a8_tiles, sve2::w8a8_tiles, m);
+  return pick<W8A8Tiles>({ref::w8a8_tiles, nullptr, nullptr, nullptr, dotprod::w8a8_tiles, i8mm::w8a8_tiles,
+                          sve2::w8a8_tiles}, m);
 #else
   return ref::w8a8_tiles;
 #endif
@@ -54,10 +62,12 @@ W8A8Tiles w8a8_kernel(int64_t m) {
 
 // Decode (few rows) wants many small chunks so slow cores cannot stall the call; prefill
 // wants chunks small enough that a chunk of tiles stays in L2 while every row block reuses it.
+// Even counts keep the AVX-512 kernels' tile pairs whole, and make a task's columns 64 bytes
+// of bf16 output or more, so neighbouring tasks share no cache line when the row is aligned.
 int64_t tiles_per_task(int64_t tiles, int64_t m) {
   int64_t threads = runtime::num_threads();
   int64_t cap = m <= 4 ? 16 : 4;
-  return std::max<int64_t>(1, std::min(cap, tiles / (threads * 8)));
+  return std::max<int64_t>(2, std::min(cap, tiles / (threads * 8)) & ~int64_t{1});
 }
 
 constexpr int64_t kSerialWork = 1 << 18;  // multiply-adds below which threads cost more than they save
@@ -82,12 +92,18 @@ void over_row_blocks(int64_t m, int64_t k, Fn fn) {
                         [&](int64_t t) { fn(t * kQuantRows, std::min(m, (t + 1) * kQuantRows)); });
 }
 
+int32_t row_sum(const int8_t* q, int64_t k) {
+  int32_t sum = 0;
+  for (int64_t j = 0; j < k; ++j) sum += q[j];
+  return sum;
+}
+
 size_t element_bytes(DType dt) { return dt == DType::f32 ? 4 : 2; }
 
 struct Workspace {
   std::vector<int8_t> q;
   std::vector<float> scale;
-  std::vector<int32_t> zero, group_sum;
+  std::vector<int32_t> zero, group_sum, sum;
 };
 
 Workspace& workspace() {
@@ -128,11 +144,13 @@ void w8a8_linear(const void* x, DType x_dtype, int64_t m, int64_t k, const uint8
   Workspace& ws = workspace();
   ws.q.resize(m * k);
   ws.scale.resize(m);
+  ws.sum.resize(m);
   const char* xb = static_cast<const char*>(x);
   over_row_blocks(m, k, [&](int64_t r0, int64_t r1) {
     quantize_sym(xb + r0 * k * element_bytes(x_dtype), x_dtype, r1 - r0, k, SymRows{ws.q.data() + r0 * k, ws.scale.data() + r0});
+    for (int64_t i = r0; i < r1; ++i) ws.sum[i] = row_sum(ws.q.data() + i * k, k);
   });
-  W8A8Problem p{ws.q.data(), ws.scale.data(), packed, bias, out, out_dtype, m, n, k};
+  W8A8Problem p{ws.q.data(), ws.scale.data(), ws.sum.data(), packed, bias, out, out_dtype, m, n, k};
   run_tiles(p, w8a8_kernel(m));
 }
 

@@ -39,6 +39,7 @@ struct W4A8Problem {
 struct W8A8Problem {
   const int8_t* q;       // (m, k)
   const float* x_scale;  // (m,)
+  const int32_t* x_sum;  // (m,) sum of q over k, for kernels that offset the weights to unsigned
   const uint8_t* packed;
   const float* bias;
   void* out;
@@ -53,6 +54,8 @@ struct W8A8Problem {
 
 namespace ref { SHRIKE_DECLARE_LINEAR_TILES }
 namespace avx2 { SHRIKE_DECLARE_LINEAR_TILES }
+namespace avxvnni { SHRIKE_DECLARE_LINEAR_TILES }
+namespace avx512vnni { SHRIKE_DECLARE_LINEAR_TILES }
 namespace dotprod { SHRIKE_DECLARE_LINEAR_TILES }
 namespace i8mm { SHRIKE_DECLARE_LINEAR_TILES }
 namespace sve2 { SHRIKE_DECLARE_LINEAR_TILES }
