@@ -27,11 +27,12 @@ inline __m512i load_pair_i16(const uint8_t* a, const uint8_t* b, int64_t offset)
   return _mm512_cvtepi16_epi32(both);
 }
 
-// Four int8 activations (4 consecutive K) repeated in every 32-bit lane.
-inline __m512i broadcast4(const int8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return _mm512_set1_epi32(v);
+// acc += dot products of the unsigned bytes u with the four int8 at q repeated in every lane.
+// Written as asm so the activations stay an embedded-broadcast memory operand and acc is
+// updated in place: from intrinsics GCC hoists every broadcast into a register and copies
+// accumulators, which spills the 8-row blocks.
+inline void dpbusd_broadcast(__m512i& acc, __m512i u, const int8_t* q) {
+  __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*reinterpret_cast<const int32_t*>(q)));
 }
 
 inline __mmask16 first_lanes(int valid) { return static_cast<__mmask16>((1u << valid) - 1); }
