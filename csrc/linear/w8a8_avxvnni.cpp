@@ -11,40 +11,45 @@
 namespace shrike::avxvnni {
 
 namespace {
-using avx2::broadcast4;
 using avx2::load_bias;
 using avx2::store_row;
+
+// acc += u . broadcast(q), in place (see w4a8_avxvnni.cpp for why this is asm).
+inline void dpbusd_broadcast(__m256i& acc, __m256i u, const int8_t* q) {
+  __m256i b;
+  __asm__("vpbroadcastd %2, %1\n\t{vex} vpdpbusd %1, %3, %0"
+          : "+x"(acc), "=&x"(b)
+          : "m"(*reinterpret_cast<const int32_t*>(q)), "x"(u));
+}
 
 // MR rows x NB tiles over all of K; `tiles` < NB as in w4a8_avxvnni.cpp.
 template <int MR, int NB>
 void rows_x_tiles(const W8A8Problem& p, int64_t i0, int64_t t, int64_t tiles) {
   const int64_t tile_bytes = w8a8_tile_bytes(p.k);
   const uint8_t* w[NB];
-  for (int j = 0; j < NB; ++j) w[j] = p.packed + (t + (j < tiles ? j : tiles - 1)) * tile_bytes;
+  _Pragma("GCC unroll 16") for (int j = 0; j < NB; ++j) w[j] = p.packed + (t + (j < tiles ? j : tiles - 1)) * tile_bytes;
   const int8_t* q[MR];
-  for (int r = 0; r < MR; ++r) q[r] = p.q + (i0 + r) * p.k;
+  _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) q[r] = p.q + (i0 + r) * p.k;
   const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
   __m256i isum[MR][NB];
-  for (int r = 0; r < MR; ++r) {
+  _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
     __m256i start = _mm256_set1_epi32(static_cast<int32_t>(-128 * p.x_sum[i0 + r]));
-    for (int j = 0; j < NB; ++j) isum[r][j] = start;
+    _Pragma("GCC unroll 16") for (int j = 0; j < NB; ++j) isum[r][j] = start;
   }
   int64_t offset = 0;
   for (int64_t k = 0; k < p.k; k += 4, offset += 32) {
     __m256i v[NB];
-    for (int j = 0; j < NB; ++j)
+    _Pragma("GCC unroll 16") for (int j = 0; j < NB; ++j)
       v[j] = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[j] + offset)), flip);
-    for (int r = 0; r < MR; ++r) {
-      __m256i qr = broadcast4(q[r] + k);
-      for (int j = 0; j < NB; ++j) isum[r][j] = _mm256_dpbusd_avx_epi32(isum[r][j], v[j], qr);
-    }
+    _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
+      _Pragma("GCC unroll 16") for (int j = 0; j < NB; ++j) dpbusd_broadcast(isum[r][j], v[j], q[r] + k);
   }
-  for (int j = 0; j < NB && j < tiles; ++j) {
+  _Pragma("GCC unroll 16") for (int j = 0; j < NB && j < tiles; ++j) {
     __m256 scale = _mm256_loadu_ps(reinterpret_cast<const float*>(w[j] + offset));
     int64_t col = (t + j) * kTileRows;
     int valid = static_cast<int>(p.n - col < kTileRows ? p.n - col : kTileRows);
     __m256 bias = load_bias(p.bias, col, valid);
-    for (int r = 0; r < MR; ++r) {
+    _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
       __m256 combined = _mm256_mul_ps(_mm256_set1_ps(p.x_scale[i0 + r]), scale);
       __m256 y = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r][j]), combined, bias);
       store_row(p.out, p.out_dtype, (i0 + r) * p.n + col, y, valid);
