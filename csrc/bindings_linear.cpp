@@ -196,6 +196,8 @@ void set_threads(int n, const std::vector<int>& cpus) {
 }  // namespace
 
 void bind_linear(nb::module_& m) {
+  m.def("linear_variant", &shrike::linear_variant, nb::arg("m"),
+        "Variant (an ISA name) whose W4A8/W8A8 kernels run an m-row linear at the active ISA level.");
   m.def("w4a8_packed_bytes", &shrike::w4a8_packed_bytes, nb::arg("n"), nb::arg("k"), nb::arg("group"));
   m.def("w8a8_packed_bytes", &shrike::w8a8_packed_bytes, nb::arg("n"), nb::arg("k"));
   m.def("w4a8_pack_int8", &w4a8_pack_int8, nb::arg("weight"), nb::arg("scale"), nb::arg("group"), nb::arg("out").noconvert());

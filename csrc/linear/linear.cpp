@@ -19,6 +19,14 @@ using W8A8Tiles = void (*)(const W8A8Problem&, int64_t, int64_t);
 
 // smmla computes two rows at once; a single decode row is better served by sdot.
 // The avx512bf16 level has no int8 kernels of its own: it includes avx512vnni.
+Isa variant_isa(int64_t m) {
+  switch (Isa isa = active_isa()) {
+    case Isa::avx512bf16: return Isa::avx512vnni;
+    case Isa::i8mm: return m < 2 ? Isa::dotprod : Isa::i8mm;
+    default: return isa;
+  }
+}
+
 template <typename Fn>
 struct Variants {
   Fn ref, avx2, avxvnni, avx512vnni, dotprod, i8mm, sve2;
@@ -26,13 +34,12 @@ struct Variants {
 
 template <typename Fn>
 Fn pick(const Variants<Fn>& v, int64_t m) {
-  switch (active_isa()) {
+  switch (variant_isa(m)) {
     case Isa::avx2: return v.avx2;
     case Isa::avxvnni: return v.avxvnni;
-    case Isa::avx512vnni:
-    case Isa::avx512bf16: return v.avx512vnni;
+    case Isa::avx512vnni: return v.avx512vnni;
     case Isa::dotprod: return v.dotprod;
-    case Isa::i8mm: return m < 2 ? v.dotprod : v.i8mm;
+    case Isa::i8mm: return v.i8mm;
     case Isa::sve2: return v.sve2;
     default: return v.ref;
   }
@@ -112,6 +119,8 @@ Workspace& workspace() {
 }
 
 }  // namespace
+
+const char* linear_variant(int64_t m) { return isa_name(variant_isa(m)); }
 
 void w4a8_linear(const void* x, DType x_dtype, int64_t m, int64_t k, const uint8_t* packed, int64_t n,
                  int64_t group, const float* bias, void* out, DType out_dtype) {

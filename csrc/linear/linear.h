@@ -23,6 +23,10 @@ void w4a8_linear(const void* x, DType x_dtype, int64_t m, int64_t k, const uint8
 void w8a8_linear(const void* x, DType x_dtype, int64_t m, int64_t k, const uint8_t* packed, int64_t n,
                  const float* bias, void* out, DType out_dtype);
 
+// isa_name of the variant whose W4A8 and W8A8 kernels run an m-row call at the active level
+// (levels without int8 kernels of their own run those of the level below).
+const char* linear_variant(int64_t m);
+
 // Quantized activations plus everything else one tile kernel call needs.
 struct W4A8Problem {
   const int8_t* q;             // (m, k)

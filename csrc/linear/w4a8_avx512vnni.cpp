@@ -13,8 +13,9 @@ namespace shrike::avx512vnni {
 namespace {
 // MR rows x NB tiles (NB / 2 zmm column pairs) over all of K. `tiles` < NB only for the last
 // block of a range; its missing tile re-reads the last one and is not stored.
+// noinline: inlined into the driver's lambda, GCC keeps the accumulators in memory.
 template <int MR, int NB>
-void rows_x_tiles(const W4A8Problem& p, int64_t i0, int64_t t, int64_t tiles) {
+__attribute__((noinline)) void rows_x_tiles(const W4A8Problem& p, int64_t i0, int64_t t, int64_t tiles) {
   constexpr int NP = NB / 2;
   const int64_t groups = p.k / p.group, tile_bytes = w4a8_tile_bytes(p.k, p.group);
   const uint8_t* first[NP];

@@ -19,15 +19,16 @@ using avx2::store_row;
 // GCC copies accumulators and hoists the broadcasts, which spills 16 ymm registers.
 inline void dpbusd_broadcast(__m256i& acc, __m256i u, const int8_t* q) {
   __m256i b;
-  __asm__("vpbroadcastd %2, %1\n\t{vex} vpdpbusd %1, %3, %0"
+  __asm__("vpbroadcastd %2, %1\n\t%{vex%} vpdpbusd %1, %3, %0"
           : "+x"(acc), "=&x"(b)
           : "m"(*reinterpret_cast<const int32_t*>(q)), "x"(u));
 }
 
 // MR rows x NB tiles over all of K. `tiles` < NB only for the last block of a range; its
 // missing tile re-reads the last one and is not stored.
+// noinline: inlined into the driver's lambda, GCC keeps the accumulators in memory.
 template <int MR, int NB>
-void rows_x_tiles(const W4A8Problem& p, int64_t i0, int64_t t, int64_t tiles) {
+__attribute__((noinline)) void rows_x_tiles(const W4A8Problem& p, int64_t i0, int64_t t, int64_t tiles) {
   const int64_t groups = p.k / p.group, tile_bytes = w4a8_tile_bytes(p.k, p.group);
   const uint8_t* w[NB];
   _Pragma("GCC unroll 16") for (int j = 0; j < NB; ++j) w[j] = p.packed + (t + (j < tiles ? j : tiles - 1)) * tile_bytes;
@@ -64,7 +65,8 @@ void rows_x_tiles(const W4A8Problem& p, int64_t i0, int64_t t, int64_t tiles) {
     }
     offset += 48;
   }
-  _Pragma("GCC unroll 16") for (int j = 0; j < NB && j < tiles; ++j) {
+  _Pragma("GCC unroll 16") for (int j = 0; j < NB; ++j) {
+    if (j == tiles) break;  // not in the loop condition: a runtime bound stops the unrolling
     int64_t col = (t + j) * kTileRows;
     int valid = static_cast<int>(p.n - col < kTileRows ? p.n - col : kTileRows);
     __m256 bias = load_bias(p.bias, col, valid);

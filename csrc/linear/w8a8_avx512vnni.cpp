@@ -14,8 +14,9 @@ namespace shrike::avx512vnni {
 
 namespace {
 // MR rows x NB tiles over all of K; `tiles` < NB as in w4a8_avx512vnni.cpp.
+// noinline: inlined into the driver's lambda, GCC keeps the accumulators in memory.
 template <int MR, int NB>
-void rows_x_tiles(const W8A8Problem& p, int64_t i0, int64_t t, int64_t tiles) {
+__attribute__((noinline)) void rows_x_tiles(const W8A8Problem& p, int64_t i0, int64_t t, int64_t tiles) {
   constexpr int NP = NB / 2;
   const int64_t tile_bytes = w8a8_tile_bytes(p.k);
   const uint8_t* first[NP];

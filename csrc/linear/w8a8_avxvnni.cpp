@@ -17,14 +17,15 @@ using avx2::store_row;
 // acc += u . broadcast(q), in place (see w4a8_avxvnni.cpp for why this is asm).
 inline void dpbusd_broadcast(__m256i& acc, __m256i u, const int8_t* q) {
   __m256i b;
-  __asm__("vpbroadcastd %2, %1\n\t{vex} vpdpbusd %1, %3, %0"
+  __asm__("vpbroadcastd %2, %1\n\t%{vex%} vpdpbusd %1, %3, %0"
           : "+x"(acc), "=&x"(b)
           : "m"(*reinterpret_cast<const int32_t*>(q)), "x"(u));
 }
 
 // MR rows x NB tiles over all of K; `tiles` < NB as in w4a8_avxvnni.cpp.
+// noinline: inlined into the driver's lambda, GCC keeps the accumulators in memory.
 template <int MR, int NB>
-void rows_x_tiles(const W8A8Problem& p, int64_t i0, int64_t t, int64_t tiles) {
+__attribute__((noinline)) void rows_x_tiles(const W8A8Problem& p, int64_t i0, int64_t t, int64_t tiles) {
   const int64_t tile_bytes = w8a8_tile_bytes(p.k);
   const uint8_t* w[NB];
   _Pragma("GCC unroll 16") for (int j = 0; j < NB; ++j) w[j] = p.packed + (t + (j < tiles ? j : tiles - 1)) * tile_bytes;
@@ -44,7 +45,8 @@ void rows_x_tiles(const W8A8Problem& p, int64_t i0, int64_t t, int64_t tiles) {
     _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r)
       _Pragma("GCC unroll 16") for (int j = 0; j < NB; ++j) dpbusd_broadcast(isum[r][j], v[j], q[r] + k);
   }
-  _Pragma("GCC unroll 16") for (int j = 0; j < NB && j < tiles; ++j) {
+  _Pragma("GCC unroll 16") for (int j = 0; j < NB; ++j) {
+    if (j == tiles) break;  // not in the loop condition: a runtime bound stops the unrolling
     __m256 scale = _mm256_loadu_ps(reinterpret_cast<const float*>(w[j] + offset));
     int64_t col = (t + j) * kTileRows;
     int valid = static_cast<int>(p.n - col < kTileRows ? p.n - col : kTileRows);

@@ -27,6 +27,8 @@ def _kernel_section(problems: list[str]) -> dict[str, Any]:
     return {
         "features": dict(_C.cpu_features()),
         "active_isa": _C.active_isa(),
+        # W4A8 and W8A8 share the variant choice; it may depend on the row count (Arm I8MM).
+        "linear_variants": {"decode_m1": _C.linear_variant(1), "prefill": _C.linear_variant(512)},
         "available_isas": list(_C.available_isas()),
         "shrike_isa": os.environ.get("SHRIKE_ISA"),
     }
@@ -212,6 +214,8 @@ def _format_cpu(cpu: dict) -> list[str]:
     lines.append(f"ISA features  {' '.join(present) or 'none of those Shrike uses'}")
     chosen = f"SHRIKE_ISA={cpu['shrike_isa']}" if cpu["shrike_isa"] else "best available"
     lines.append(f"Kernels       {cpu['active_isa']} ({chosen}; built and runnable: {', '.join(cpu['available_isas'])})")
+    linear = cpu["linear_variants"]
+    lines.append(f"Linear        W4A8/W8A8 decode (M=1) {linear['decode_m1']}, prefill {linear['prefill']}")
     return lines
 
 
