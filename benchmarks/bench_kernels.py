@@ -27,13 +27,16 @@ from shrike import _C, kernels
 SHAPES = {"qkv": (2560, 2048), "o": (2048, 2048), "gate_up": (12288, 2048), "down": (2048, 6144)}
 
 
+CLOCK = time.perf_counter  # --cpu-time switches to time.process_time
+
+
 def median_seconds(fn, reps: int) -> float:
     fn()  # warm-up: page faults, thread wake-up
     times = []
     for _ in range(reps):
-        start = time.perf_counter()
+        start = CLOCK()
         fn()
-        times.append(time.perf_counter() - start)
+        times.append(CLOCK() - start)
     return statistics.median(times)
 
 
@@ -110,11 +113,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"subset of {','.join(SHAPES)}")
     parser.add_argument("--isas", default="", help="kernel variants to compare, comma separated, or 'all' "
                         "(default: the active one)")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time with this process's CPU time instead of the wall clock: per-core numbers that "
+                             "other processes on a shared machine do not distort (use with --threads 1)")
     parser.add_argument("--no-torch", action="store_true", help="skip the torch matmul columns")
     parser.add_argument("--json", default="bench_kernels.json", help="output file")
     args = parser.parse_args(argv)
 
     isas = variants(args.isas)
+    global CLOCK
+    CLOCK = time.process_time if args.cpu_time else time.perf_counter
     kernels.set_threads(args.threads, cpu_bind=args.cpu_bind)
     torch.set_num_threads(args.threads)
     target = int(args.gb * 1e9)
@@ -123,8 +131,8 @@ def main(argv: list[str] | None = None) -> int:
 
     stream = stream_read_gbs(target, args.reps)
     print(f"variants {', '.join(isas)}, {args.threads} threads, STREAM-like read {stream:.1f} GB/s "
-          f"({args.gb:g} GB buffer, median of {args.reps})")
-    results = {"isas": isas, "threads": args.threads, "machine": platform.machine(), "stream_read_gbs": stream,
+          f"({args.gb:g} GB buffer, median of {args.reps}; {'CPU' if args.cpu_time else 'wall-clock'} time)")
+    results = {"isas": isas, "threads": args.threads, "cpu_time": args.cpu_time, "machine": platform.machine(), "stream_read_gbs": stream,
                "decode": {isa: {} for isa in isas}, "prefill": {isa: {} for isa in isas}, "torch": {}}
 
     print(f"\nM=1 {'shape':>8} {'N x K':>12} {'variant':>11} {'W4A8-G128 GB/s':>15} {'% read':>7} {'us':>7} "
@@ -150,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     header = "".join(f"{isa:>{width}}" for isa in isas)
     torch_header = "" if args.no_torch else f" {'torch f32':>10} {'torch bf16':>11}"
     print(f"\nGOP/s (2 M N K / median time; M=1 over weights cycled past the LLC)")
-    print(f"{'shape':>8} {'M':>5} | W4A8-G128{header[9:]:s} | W8A8{header[4:]:s} |{torch_header}")
+    print(f"{'':>14} | {'W4A8-G128':<{width * len(isas)}} | {'W8A8':<{width * len(isas)}} |")
+    print(f"{'shape':>8} {'M':>5} | {header} | {header} |{torch_header}")
     for name in shapes:
         for m in [1, *prefill_m]:
             key = f"{name}/M={m}"
