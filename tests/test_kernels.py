@@ -104,7 +104,7 @@ def test_w8a8_variants_match_reference(name, m, n, k):
             assert torch.equal(got, want), f"{isa} differs from scalar"
 
 
-ARCH_VARIANTS = ["avx2", "avxvnni", "avx512vnni", "avx512bf16"] if platform.machine() in ("x86_64", "AMD64") \
+ARCH_VARIANTS = ["avx2", "avxvnni", "avx512vnni", "avx512bf16", "amx"] if platform.machine() in ("x86_64", "AMD64") \
     else ["dotprod", "i8mm", "sve2"]
 
 

@@ -23,9 +23,9 @@ void w4a8_linear(const void* x, DType x_dtype, int64_t m, int64_t k, const uint8
 void w8a8_linear(const void* x, DType x_dtype, int64_t m, int64_t k, const uint8_t* packed, int64_t n,
                  const float* bias, void* out, DType out_dtype);
 
-// isa_name of the variant whose W4A8 and W8A8 kernels run an m-row call at the active level
-// (levels without int8 kernels of their own run those of the level below).
-const char* linear_variant(int64_t m);
+// isa_name of the variant whose kernels run an m-row W4A8 (else W8A8) call with this k at the
+// active level (levels without kernels of their own run those of the level below).
+const char* linear_variant(bool w4a8, int64_t m, int64_t k);
 
 // Quantized activations plus everything else one tile kernel call needs.
 struct W4A8Problem {
@@ -44,6 +44,7 @@ struct W8A8Problem {
   const int8_t* q;       // (m, k)
   const float* x_scale;  // (m,)
   const int32_t* x_sum;  // (m,) sum of q over k, for kernels that offset the weights to unsigned
+  const int8_t* q_tiles;  // (m / 16, k / 64, 16, 64) q as AMX activation tiles, set when the amx kernel runs
   const uint8_t* packed;
   const float* bias;
   void* out;
@@ -60,6 +61,9 @@ namespace ref { SHRIKE_DECLARE_LINEAR_TILES }
 namespace avx2 { SHRIKE_DECLARE_LINEAR_TILES }
 namespace avxvnni { SHRIKE_DECLARE_LINEAR_TILES }
 namespace avx512vnni { SHRIKE_DECLARE_LINEAR_TILES }
+namespace amx {  // W8A8 only, for k % 64 == 0 (whole activation tiles); rows past m / 16 * 16 run avx512vnni
+void w8a8_tiles(const W8A8Problem& p, int64_t tile_begin, int64_t tile_end);
+}
 namespace dotprod { SHRIKE_DECLARE_LINEAR_TILES }
 namespace i8mm { SHRIKE_DECLARE_LINEAR_TILES }
 namespace sve2 { SHRIKE_DECLARE_LINEAR_TILES }

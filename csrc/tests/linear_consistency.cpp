@@ -259,7 +259,7 @@ int main(int argc, char** argv) {
   }
   // Variants of this architecture the CPU cannot run are named, never silently dropped.
 #if defined(SHRIKE_X86)
-  const Isa arch_first = Isa::avx2, arch_last = Isa::avx512bf16;
+  const Isa arch_first = Isa::avx2, arch_last = Isa::amx;
 #else
   const Isa arch_first = Isa::dotprod, arch_last = Isa::sve2;
 #endif

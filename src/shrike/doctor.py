@@ -27,8 +27,11 @@ def _kernel_section(problems: list[str]) -> dict[str, Any]:
     return {
         "features": dict(_C.cpu_features()),
         "active_isa": _C.active_isa(),
-        # W4A8 and W8A8 share the variant choice; it may depend on the row count (Arm I8MM).
-        "linear_variants": {"decode_m1": _C.linear_variant(1), "prefill": _C.linear_variant(512)},
+        # The variant can depend on the row count (Arm I8MM, x86 AMX).
+        "linear_variants": {
+            scheme: {"decode_m1": _C.linear_variant(scheme, 1), "prefill": _C.linear_variant(scheme, 512)}
+            for scheme in ("w4a8", "w8a8")
+        },
         "available_isas": list(_C.available_isas()),
         "shrike_isa": os.environ.get("SHRIKE_ISA"),
     }
@@ -215,7 +218,8 @@ def _format_cpu(cpu: dict) -> list[str]:
     chosen = f"SHRIKE_ISA={cpu['shrike_isa']}" if cpu["shrike_isa"] else "best available"
     lines.append(f"Kernels       {cpu['active_isa']} ({chosen}; built and runnable: {', '.join(cpu['available_isas'])})")
     linear = cpu["linear_variants"]
-    lines.append(f"Linear        W4A8/W8A8 decode (M=1) {linear['decode_m1']}, prefill {linear['prefill']}")
+    lines.append("Linear        " + "; ".join(
+        f"{scheme.upper()} decode (M=1) {v['decode_m1']}, prefill {v['prefill']}" for scheme, v in linear.items()))
     return lines
 
 
