@@ -20,12 +20,12 @@ using W8A8Tiles = void (*)(const W8A8Problem&, int64_t, int64_t);
 
 // smmla computes two rows at once; a single decode row is better served by sdot. AMX tiles
 // take 16 rows and 64 K at a time and only pay off from 32 rows (measured: at 16 rows AVX-512
-// is faster); W4A8 has no AMX kernel.
+// is faster); W4A8 groups of 32 would need a second tile shape. group is 0 for W8A8.
 // The avx512bf16 level has no int8 kernels of its own: it includes avx512vnni.
-Isa variant_isa(bool w4a8, int64_t m, int64_t k) {
+Isa variant_isa(int64_t m, int64_t k, int64_t group) {
   switch (Isa isa = active_isa()) {
     case Isa::avx512bf16: return Isa::avx512vnni;
-    case Isa::amx: return w4a8 || m < 32 || k % 64 ? Isa::avx512vnni : Isa::amx;
+    case Isa::amx: return m < 32 || k % 64 || group == 32 ? Isa::avx512vnni : Isa::amx;
     case Isa::i8mm: return m < 2 ? Isa::dotprod : Isa::i8mm;
     default: return isa;
   }
@@ -37,8 +37,8 @@ struct Variants {
 };
 
 template <typename Fn>
-Fn pick(const Variants<Fn>& v, bool w4a8, int64_t m, int64_t k) {
-  switch (variant_isa(w4a8, m, k)) {
+Fn pick(const Variants<Fn>& v, int64_t m, int64_t k, int64_t group) {
+  switch (variant_isa(m, k, group)) {
     case Isa::avx2: return v.avx2;
     case Isa::avxvnni: return v.avxvnni;
     case Isa::avx512vnni: return v.avx512vnni;
@@ -50,12 +50,13 @@ Fn pick(const Variants<Fn>& v, bool w4a8, int64_t m, int64_t k) {
   }
 }
 
-W4A8Tiles w4a8_kernel(int64_t m, int64_t k) {
+W4A8Tiles w4a8_kernel(int64_t m, int64_t k, int64_t group) {
 #if defined(SHRIKE_X86)
-  return pick<W4A8Tiles>({ref::w4a8_tiles, avx2::w4a8_tiles, avxvnni::w4a8_tiles, avx512vnni::w4a8_tiles}, true, m, k);
+  return pick<W4A8Tiles>({ref::w4a8_tiles, avx2::w4a8_tiles, avxvnni::w4a8_tiles, avx512vnni::w4a8_tiles,
+                          amx::w4a8_tiles}, m, k, group);
 #elif defined(SHRIKE_AARCH64)
   return pick<W4A8Tiles>({ref::w4a8_tiles, nullptr, nullptr, nullptr, nullptr, dotprod::w4a8_tiles,
-                          i8mm::w4a8_tiles, sve2::w4a8_tiles}, true, m, k);
+                          i8mm::w4a8_tiles, sve2::w4a8_tiles}, m, k, group);
 #else
   return ref::w4a8_tiles;
 #endif
@@ -64,10 +65,10 @@ W4A8Tiles w4a8_kernel(int64_t m, int64_t k) {
 W8A8Tiles w8a8_kernel(int64_t m, int64_t k) {
 #if defined(SHRIKE_X86)
   return pick<W8A8Tiles>({ref::w8a8_tiles, avx2::w8a8_tiles, avxvnni::w8a8_tiles, avx512vnni::w8a8_tiles,
-                          amx::w8a8_tiles}, false, m, k);
+                          amx::w8a8_tiles}, m, k, 0);
 #elif defined(SHRIKE_AARCH64)
   return pick<W8A8Tiles>({ref::w8a8_tiles, nullptr, nullptr, nullptr, nullptr, dotprod::w8a8_tiles,
-                          i8mm::w8a8_tiles, sve2::w8a8_tiles}, false, m, k);
+                          i8mm::w8a8_tiles, sve2::w8a8_tiles}, m, k, 0);
 #else
   return ref::w8a8_tiles;
 #endif
@@ -136,7 +137,7 @@ Workspace& workspace() {
 
 }  // namespace
 
-const char* linear_variant(bool w4a8, int64_t m, int64_t k) { return isa_name(variant_isa(w4a8, m, k)); }
+const char* linear_variant(int64_t m, int64_t k, int64_t group) { return isa_name(variant_isa(m, k, group)); }
 
 void w4a8_linear(const void* x, DType x_dtype, int64_t m, int64_t k, const uint8_t* packed, int64_t n,
                  int64_t group, const float* bias, void* out, DType out_dtype) {
@@ -152,14 +153,17 @@ void w4a8_linear(const void* x, DType x_dtype, int64_t m, int64_t k, const uint8
   ws.scale.resize(m);
   ws.zero.resize(m);
   ws.group_sum.resize(m * groups);
+  const bool tiles = variant_isa(m, k, group) == Isa::amx;
+  if (tiles) ws.q_tiles.resize(m / 16 * 16 * k);
   const char* xb = static_cast<const char*>(x);
   over_row_blocks(m, k, [&](int64_t r0, int64_t r1) {
     AsymRows rows{ws.q.data() + r0 * k, ws.scale.data() + r0, ws.zero.data() + r0, ws.group_sum.data() + r0 * groups};
     quantize_asym(xb + r0 * k * element_bytes(x_dtype), x_dtype, r1 - r0, k, group, rows);
+    if (tiles) pack_activation_tiles(ws.q.data(), r0, r1, k, ws.q_tiles.data());
   });
-  W4A8Problem p{ws.q.data(), ws.scale.data(), ws.zero.data(), ws.group_sum.data(), packed, bias, out, out_dtype,
-                m, n, k, group};
-  run_tiles(p, w4a8_kernel(m, k));
+  W4A8Problem p{ws.q.data(),    ws.scale.data(), ws.zero.data(), ws.group_sum.data(),
+                tiles ? ws.q_tiles.data() : nullptr, packed, bias, out, out_dtype, m, n, k, group};
+  run_tiles(p, w4a8_kernel(m, k, group));
 }
 
 void w8a8_linear(const void* x, DType x_dtype, int64_t m, int64_t k, const uint8_t* packed, int64_t n,
@@ -171,7 +175,7 @@ void w8a8_linear(const void* x, DType x_dtype, int64_t m, int64_t k, const uint8
   ws.scale.resize(m);
   ws.sum.resize(m);
   const W8A8Tiles kernel = w8a8_kernel(m, k);
-  const bool tiles = variant_isa(false, m, k) == Isa::amx;
+  const bool tiles = variant_isa(m, k, 0) == Isa::amx;
   if (tiles) ws.q_tiles.resize(m / 16 * 16 * k);
   const char* xb = static_cast<const char*>(x);
   over_row_blocks(m, k, [&](int64_t r0, int64_t r1) {

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <vector>
 
+#include "linear/amx_tiles.h"
 #include "linear/epilogue_avx512.h"
 #include "linear/layout.h"
 #include "linear/linear.h"
@@ -20,26 +21,6 @@ using avx512vnni::load_bias;
 using avx512vnni::load_pair;
 using avx512vnni::store_row;
 
-struct alignas(64) TileConfig {
-  uint8_t palette_id;
-  uint8_t start_row;
-  uint8_t reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
-
-// Every tile 16 rows x 64 bytes: tmm0-3 int32 accumulators (16 x 16), tmm4-5 activations
-// (16 rows x 64 K), tmm6-7 weights (16 K quads x 16 columns x 4 K).
-void configure_tiles() {
-  TileConfig config{};
-  config.palette_id = 1;
-  for (int i = 0; i < 8; ++i) {
-    config.rows[i] = 16;
-    config.colsb[i] = 64;
-  }
-  _tile_loadconfig(&config);
-}
-
 // Two adjacent packed tiles as tdpbssd's weight operand, (K/4, 16, 4): the packed layout keeps
 // each tile as (K/4, 8, 4), so a row of the operand is 32 bytes from each tile.
 void gather_pair(const uint8_t* first, const uint8_t* second, int64_t k, int8_t* panel) {
@@ -49,7 +30,6 @@ void gather_pair(const uint8_t* first, const uint8_t* second, int64_t k, int8_t*
   }
 }
 
-constexpr int64_t kBlockTiles = 4;  // 32 output columns: two column pairs
 }  // namespace
 
 void w8a8_tiles(const W8A8Problem& p, int64_t tile_begin, int64_t tile_end) {
