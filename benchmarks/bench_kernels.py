@@ -3,13 +3,15 @@
 M = 1 (decode): effective weight-read bandwidth of W4A8-G128 and W8A8 GEMV, cycling through at
 least ``--gb`` GB of distinct packed weights so the last-level cache cannot serve them, next to
 a STREAM-like read of an equally large buffer on the same thread pool.
+M > 1 (``--m``, prefill): GOP/s (2 M N K / time) of W4A8-G128 and W8A8 next to torch fp32 and
+bf16 matmul on the same shapes, torch limited to the same thread count.
 Dense (``_C.dense_linear``, bf16 weights): GB/s of the lm_head shapes (MiniCPM5-2B 130560x2048,
 SmolLM2 49152x576) at M = 1, 4, 8, each timing interleaved with a read-bandwidth probe so the
 ratio compares like with like on a busy machine.
-M = 128, 512 (prefill): GOP/s (2 M N K / time) of W4A8-G128 and W8A8 next to torch fp32 and
-bf16 matmul on the same shapes, torch limited to the same thread count.
 
-Prints a table of medians over ``--reps`` repetitions and writes JSON. Not a timed test.
+``--isas`` runs the kernels once per variant (e.g. ``avx2,avxvnni,avx512vnni`` or ``all``) and
+puts them side by side in one GOP/s table; the default is the active variant only.
+Prints tables of medians over ``--reps`` repetitions and writes JSON. Not a timed test.
 """
 
 from __future__ import annotations
@@ -30,13 +32,16 @@ LM_HEADS = {"minicpm5-2b": (130560, 2048), "smollm2": (49152, 576)}
 DENSE_M = (1, 4, 8)
 
 
+CLOCK = time.perf_counter  # --cpu-time switches to time.process_time
+
+
 def median_seconds(fn, reps: int) -> float:
     fn()  # warm-up: page faults, thread wake-up
     times = []
     for _ in range(reps):
-        start = time.perf_counter()
+        start = CLOCK()
         fn()
-        times.append(time.perf_counter() - start)
+        times.append(CLOCK() - start)
     return statistics.median(times)
 
 
@@ -87,17 +92,36 @@ def dense_decode(n: int, k: int, nbytes_target: int, reps: int) -> dict[str, dic
     return results
 
 
-def prefill_gops(m: int, n: int, k: int, w4, w8, reps: int) -> dict[str, float]:
+def prefill_gops(m: int, k: int, w4, w8, reps: int) -> dict[str, float]:
+    x = torch.randn(m, k)
+    ops = 2 * m * w4.n * k
+    return {
+        "w4a8_g128": ops / median_seconds(lambda: kernels.linear(x, w4), reps) / 1e9,
+        "w8a8": ops / median_seconds(lambda: kernels.linear(x, w8), reps) / 1e9,
+    }
+
+
+def torch_gops(m: int, n: int, k: int, reps: int) -> dict[str, float]:
     x = torch.randn(m, k)
     ops = 2 * m * n * k
     w_fp32 = torch.randn(n, k)
     x_bf16, w_bf16 = x.bfloat16(), w_fp32.bfloat16()
     return {
-        "w4a8_g128": ops / median_seconds(lambda: kernels.linear(x, w4), reps) / 1e9,
-        "w8a8": ops / median_seconds(lambda: kernels.linear(x, w8), reps) / 1e9,
         "torch_fp32": ops / median_seconds(lambda: x @ w_fp32.T, reps) / 1e9,
         "torch_bf16": ops / median_seconds(lambda: x_bf16 @ w_bf16.T, reps) / 1e9,
     }
+
+
+def variants(spec: str) -> list[str]:
+    available = kernels.available_isas()
+    if spec == "all":
+        return [isa for isa in available if isa != "scalar"] or ["scalar"]
+    names = [name for name in spec.split(",") if name] or [kernels.active_isa()]
+    missing = [name for name in names if name not in available]
+    if missing:
+        raise SystemExit(f"shrike bench kernels: variant {', '.join(missing)} cannot run here; "
+                         f"this build and CPU run: {', '.join(available)}")
+    return names
 
 
 def make_weights(n: int, k: int) -> tuple[kernels.W4A8Weight, kernels.W8A8Weight]:
@@ -117,13 +141,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpu-bind", default=None, help="CPU list for the kernel pool, e.g. '0,1'")
     parser.add_argument("--reps", type=int, default=5, help="repetitions per measurement; medians are reported")
     parser.add_argument("--gb", type=float, default=1.0, help="GB of distinct weights cycled through at M=1")
-    parser.add_argument("--m", default="128,512", help="prefill row counts (comma separated)")
+    parser.add_argument("--m", default="16,128,512", help="prefill row counts (comma separated)")
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"subset of {','.join(SHAPES)} ('' for none)")
     parser.add_argument("--lm-heads", default=",".join(LM_HEADS),
                         help=f"dense_linear shapes, subset of {','.join(LM_HEADS)} ('' for none)")
+    parser.add_argument("--isas", default="", help="kernel variants to compare, comma separated, or 'all' "
+                        "(default: the active one)")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time with this process's CPU time instead of the wall clock: per-core numbers that "
+                             "other processes on a shared machine do not distort (use with --threads 1)")
+    parser.add_argument("--no-torch", action="store_true", help="skip the torch matmul columns")
     parser.add_argument("--json", default="bench_kernels.json", help="output file")
     args = parser.parse_args(argv)
 
+    isas = variants(args.isas)
+    global CLOCK
+    CLOCK = time.process_time if args.cpu_time else time.perf_counter
     kernels.set_threads(args.threads, cpu_bind=args.cpu_bind)
     torch.set_num_threads(args.threads)
     target = int(args.gb * 1e9)
@@ -132,32 +165,47 @@ def main(argv: list[str] | None = None) -> int:
     lm_heads = {name: LM_HEADS[name] for name in args.lm_heads.split(",") if name}
 
     stream = stream_read_gbs(target, args.reps)
-    print(f"isa {kernels.active_isa()}, {args.threads} threads, STREAM-like read {stream:.1f} GB/s "
-          f"({args.gb:g} GB buffer, median of {args.reps})")
-    results = {"isa": kernels.active_isa(), "threads": args.threads, "machine": platform.machine(),
-               "stream_read_gbs": stream, "decode": {}, "prefill": {}}
+    print(f"variants {', '.join(isas)}, {args.threads} threads, STREAM-like read {stream:.1f} GB/s "
+          f"({args.gb:g} GB buffer, median of {args.reps}; {'CPU' if args.cpu_time else 'wall-clock'} time)")
+    results = {"isas": isas, "threads": args.threads, "cpu_time": args.cpu_time, "machine": platform.machine(), "stream_read_gbs": stream,
+               "decode": {isa: {} for isa in isas}, "prefill": {isa: {} for isa in isas}, "torch": {}}
 
-    print(f"\nM=1 {'shape':>8} {'N x K':>12} {'W4A8-G128 GB/s':>15} {'% read':>7} {'us':>7} "
+    print(f"\nM=1 {'shape':>8} {'N x K':>12} {'variant':>11} {'W4A8-G128 GB/s':>15} {'% read':>7} {'us':>7} "
           f"{'W8A8 GB/s':>10} {'% read':>7} {'us':>7}")
-    prefill_rows = []
     for name, (n, k) in shapes.items():
         w4, w8 = make_weights(n, k)
-        g4, us4 = decode_gbs(w4, target, args.reps)
-        g8, us8 = decode_gbs(w8, target, args.reps)
-        results["decode"][name] = {"n": n, "k": k, "w4a8_g128_gbs": g4, "w4a8_us": us4, "w8a8_gbs": g8, "w8a8_us": us8}
-        print(f"    {name:>8} {f'{n}x{k}':>12} {g4:15.1f} {100 * g4 / stream:6.0f}% {us4:7.0f} "
-              f"{g8:10.1f} {100 * g8 / stream:6.0f}% {us8:7.0f}", flush=True)
-        for m in prefill_m:
-            r = prefill_gops(m, n, k, w4, w8, args.reps)
-            results["prefill"][f"{name}/M={m}"] = {"n": n, "k": k, "m": m, **r}
-            prefill_rows.append((name, m, n, k, r))
+        for isa in isas:
+            kernels.set_isa(isa)
+            g4, us4 = decode_gbs(w4, target, args.reps)
+            g8, us8 = decode_gbs(w8, target, args.reps)
+            results["decode"][isa][name] = {"n": n, "k": k, "w4a8_g128_gbs": g4, "w4a8_us": us4, "w8a8_gbs": g8,
+                                            "w8a8_us": us8, "w4a8_g128": 2 * n * k / us4 / 1e3,
+                                            "w8a8": 2 * n * k / us8 / 1e3}
+            print(f"    {name:>8} {f'{n}x{k}':>12} {isa:>11} {g4:15.1f} {100 * g4 / stream:6.0f}% {us4:7.0f} "
+                  f"{g8:10.1f} {100 * g8 / stream:6.0f}% {us8:7.0f}", flush=True)
+            for m in prefill_m:
+                results["prefill"][isa][f"{name}/M={m}"] = {"n": n, "k": k, "m": m, **prefill_gops(m, k, w4, w8, args.reps)}
+        if not args.no_torch:
+            for m in prefill_m:
+                results["torch"][f"{name}/M={m}"] = torch_gops(m, n, k, args.reps)
 
-    print(f"\n{'shape':>8} {'M':>5} {'W4A8-G128':>10} {'W8A8':>8} {'torch f32':>10} {'torch bf16':>11} "
-          f"{'W4A8/f32':>9} {'W8A8/f32':>9}   (GOP/s)")
-    for name, m, n, k, r in prefill_rows:
-        print(f"{name:>8} {m:5d} {r['w4a8_g128']:10.1f} {r['w8a8']:8.1f} {r['torch_fp32']:10.1f} "
-              f"{r['torch_bf16']:11.1f} {r['w4a8_g128'] / r['torch_fp32']:8.2f}x {r['w8a8'] / r['torch_fp32']:8.2f}x")
+    width = max(11, *(len(isa) + 1 for isa in isas))
+    header = "".join(f"{isa:>{width}}" for isa in isas)
+    torch_header = "" if args.no_torch else f" {'torch f32':>10} {'torch bf16':>11}"
+    print(f"\nGOP/s (2 M N K / median time; M=1 over weights cycled past the LLC)")
+    print(f"{'':>14} | {'W4A8-G128':<{width * len(isas)}} | {'W8A8':<{width * len(isas)}} |")
+    print(f"{'shape':>8} {'M':>5} | {header} | {header} |{torch_header}")
+    for name in shapes:
+        for m in [1, *prefill_m]:
+            key = f"{name}/M={m}"
+            rows = [results["decode"][isa][name] if m == 1 else results["prefill"][isa][key] for isa in isas]
+            w4_cells = "".join(f"{r['w4a8_g128']:{width}.1f}" for r in rows)
+            w8_cells = "".join(f"{r['w8a8']:{width}.1f}" for r in rows)
+            t = results["torch"].get(key)
+            torch_cells = f" {t['torch_fp32']:10.1f} {t['torch_bf16']:11.1f}" if t else ""
+            print(f"{name:>8} {m:5d} | {w4_cells} | {w8_cells} |{torch_cells}")
 
+    kernels.set_isa(isas[-1])
     print("\ndense_linear, bf16 weights, fp32 out (lm_head shapes; read = probe interleaved with each rep)")
     print(f"{'shape':>12} {'N x K':>12} {'M':>3} {'GB/s':>7} {'read GB/s':>10} {'ratio':>6}")
     results["dense"] = {}

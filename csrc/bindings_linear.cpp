@@ -196,6 +196,11 @@ void set_threads(int n, const std::vector<int>& cpus) {
 }  // namespace
 
 void bind_linear(nb::module_& m) {
+  m.def("linear_variant", [](const std::string& scheme, int64_t m, int64_t k, int64_t group) {
+    if (scheme != "w4a8" && scheme != "w8a8") throw nb::value_error("scheme must be 'w4a8' or 'w8a8'");
+    return std::string(shrike::linear_variant(m, k, scheme == "w4a8" ? group : 0));
+  }, nb::arg("scheme"), nb::arg("m"), nb::arg("k") = 2048, nb::arg("group") = 128,
+        "Variant (an ISA name) whose kernels run an m-row linear of this scheme at the active ISA level.");
   m.def("w4a8_packed_bytes", &shrike::w4a8_packed_bytes, nb::arg("n"), nb::arg("k"), nb::arg("group"));
   m.def("w8a8_packed_bytes", &shrike::w8a8_packed_bytes, nb::arg("n"), nb::arg("k"));
   m.def("w4a8_pack_int8", &w4a8_pack_int8, nb::arg("weight"), nb::arg("scale"), nb::arg("group"), nb::arg("out").noconvert());

@@ -51,6 +51,8 @@ def test_cix_p1_report_shows_the_a720_binding(model_dir, capsys):
     assert re.search(r"^  2 +Cortex-A520 \(0xd80\) +279 +1800 +yes +yes$", out, re.MULTILINE)
     assert "speed classes by cpu_capacity" in out
     assert f"Kernels       {_C.active_isa()}" in out
+    assert (f"Linear        W4A8 decode (M=1) {_C.linear_variant('w4a8', 1)}, prefill {_C.linear_variant('w4a8', 512)}; "
+            f"W8A8 decode (M=1) {_C.linear_variant('w8a8', 1)}, prefill {_C.linear_variant('w8a8', 512)}") in out
     assert "Memory        total 30.7 GiB, available 28.7 GiB, cgroup limit none" in out
     assert "16 layers x 8 KV heads x 64 (bfloat16), weights 2.3 GiB, max-model-len 8192" in out
     assert "Ops           dense_linear -> " in out  # ops are listed by name

@@ -8,6 +8,8 @@ reference itself is compared with float64 math on the dequantized operands; its 
 fp32 rounding of the per-group partial sums, bounded here by 2e-6 * sum(|x| |w|) + 1e-6.
 """
 
+import platform
+
 import numpy as np
 import pytest
 import torch
@@ -100,6 +102,30 @@ def test_w8a8_variants_match_reference(name, m, n, k):
         for isa in SIMD:
             got = run(isa, x_in, weight, bias, out_dtype)
             assert torch.equal(got, want), f"{isa} differs from scalar"
+
+
+ARCH_VARIANTS = ["avx2", "avxvnni", "avx512vnni", "avx512bf16", "amx"] if platform.machine() in ("x86_64", "AMD64") \
+    else ["dotprod", "i8mm", "sve2"]
+
+
+@pytest.mark.parametrize("isa", ARCH_VARIANTS)
+def test_each_variant_matches_reference_over_row_blocks(isa):
+    """Per variant, so one this CPU cannot run shows up as skipped by name. Row counts hit every
+    remainder of the register blocks (up to 8 rows) and the tile-pair edges (odd N)."""
+    if isa not in kernels.available_isas():
+        pytest.skip(f"{isa}: not runnable on this CPU or not in this build")
+    gen = torch.Generator().manual_seed(11)
+    for n, k in ((37, 256), (13, 128), (576, 576)):
+        for m in (1, 2, 3, 6, 7, 9, 15, 33, 129):
+            x = activations(m, k, gen)
+            for group in (g for g in (32, 64, 128) if k % g == 0):
+                _, _, w4 = w4a8_weight(n, k, group, gen)
+                want = run("scalar", x, w4, None, torch.float32)
+                assert torch.equal(run(isa, x, w4, None, torch.float32), want), f"w4a8 M={m} N={n} K={k} G={group}"
+            _, _, w8 = w8a8_weight(n, k, gen)
+            bias = torch.randn(n, generator=gen)
+            want = run("scalar", x.bfloat16(), w8, bias, torch.bfloat16)
+            assert torch.equal(run(isa, x.bfloat16(), w8, bias, torch.bfloat16), want), f"w8a8 M={m} N={n} K={k}"
 
 
 @pytest.mark.skipif(not SIMD, reason="no SIMD variant available on this CPU/build")

@@ -5,12 +5,29 @@
 
 #if defined(SHRIKE_X86)
 #include <cpuid.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 #elif defined(SHRIKE_AARCH64)
 #include <sys/auxv.h>
 #endif
 
 namespace shrike {
 namespace {
+
+#if defined(SHRIKE_X86)
+// Linux enables the AMX tile data state per process, on request (arch_prctl ARCH_REQ_XCOMP_PERM
+// for XFEATURE_XTILEDATA); without the grant the first tile instruction faults.
+bool request_amx_state() {
+#if defined(__linux__) && defined(SYS_arch_prctl)
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+  return false;
+#endif
+}
+#endif
 
 CpuFeatures detect() {
   CpuFeatures f;
@@ -32,6 +49,9 @@ CpuFeatures detect() {
       // F (b16), DQ (b17), BW (b30), VL (b31)
       f.avx512 = zmm_enabled && (b & (1u << 16)) && (b & (1u << 17)) && (b & (1u << 30)) && (b & (1u << 31));
       f.avx512_vnni = f.avx512 && (c & (1u << 11));
+      // AMX-TILE (d24), AMX-INT8 (d25); XCR0 bits 17-18 are the tile config and data states.
+      bool amx_cpu = (d & (1u << 24)) && (d & (1u << 25)) && (xcr0 & 0x60000) == 0x60000;
+      f.amx_int8 = f.avx512_vnni && amx_cpu && request_amx_state();
       if (__get_cpuid_count(7, 1, &a, &b, &c, &d)) {
         f.avx_vnni = a & (1u << 4);
         f.avx512_bf16 = f.avx512 && (a & (1u << 5));
@@ -56,7 +76,8 @@ bool compiled(Isa isa) {
     case Isa::avx2:
     case Isa::avxvnni:
     case Isa::avx512vnni:
-    case Isa::avx512bf16: return true;
+    case Isa::avx512bf16:
+    case Isa::amx: return true;
 #elif defined(SHRIKE_AARCH64)
     case Isa::dotprod:
     case Isa::i8mm:
@@ -74,6 +95,7 @@ bool cpu_runs(Isa isa) {
     case Isa::avxvnni: return f.avx2 && f.fma && f.f16c && f.avx_vnni;
     case Isa::avx512vnni: return f.avx2 && f.fma && f.f16c && f.avx512_vnni;
     case Isa::avx512bf16: return f.avx2 && f.fma && f.f16c && f.avx512_vnni && f.avx512_bf16;
+    case Isa::amx: return f.avx2 && f.fma && f.f16c && f.avx512_vnni && f.avx512_bf16 && f.amx_int8;
     case Isa::dotprod: return f.asimddp;
     case Isa::i8mm: return f.asimddp && f.i8mm;
     case Isa::sve2: return f.sve2 && f.i8mm;
@@ -118,8 +140,8 @@ const CpuFeatures& cpu_features() {
 }
 
 const char* isa_name(Isa isa) {
-  static const char* names[kNumIsas] = {"scalar",     "avx2",    "avxvnni", "avx512vnni",
-                                        "avx512bf16", "dotprod", "i8mm",    "sve2"};
+  static const char* names[kNumIsas] = {"scalar", "avx2",    "avxvnni", "avx512vnni", "avx512bf16",
+                                        "amx",    "dotprod", "i8mm",    "sve2"};
   return names[static_cast<int>(isa)];
 }
 
@@ -136,7 +158,7 @@ Isa active_isa() {
 bool isa_at_least(Isa level) {
   Isa a = active_isa();
   if (level == Isa::scalar) return true;
-  bool a_x86 = a >= Isa::avx2 && a <= Isa::avx512bf16, l_x86 = level >= Isa::avx2 && level <= Isa::avx512bf16;
+  bool a_x86 = a >= Isa::avx2 && a <= Isa::amx, l_x86 = level >= Isa::avx2 && level <= Isa::amx;
   return a_x86 == l_x86 && a != Isa::scalar && static_cast<int>(a) >= static_cast<int>(level);
 }
 

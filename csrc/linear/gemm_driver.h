@@ -29,6 +29,32 @@ inline void for_row_blocks_and_tiles(int64_t m, int64_t tile_begin, int64_t tile
   }
 }
 
+// Calls f(Count<r>{}) for a runtime r in [1, N].
+template <int N, typename F>
+inline void with_count(int r, F&& f) {
+  if constexpr (N > 0) {
+    if (r == N) return f(Count<N>{});
+    with_count<N - 1>(r, f);
+  }
+}
+
+// For register-blocked kernels that cover several tiles per call:
+// kernel(Count<MR>{}, Count<NB>{}, i0, t, tiles) computes rows [i0, i0 + MR) of the `tiles`
+// (<= NB) tiles starting at t. Row blocks of MaxRows, then one block of the rows left; within a
+// row block, tile blocks of BlockTiles, then blocks of 2 (the last one may hold a single tile).
+// Rows are the outer loop so a task's weight tiles stay in cache while every row block uses them.
+template <int MaxRows, int BlockTiles, typename BlockKernel>
+inline void for_row_blocks_and_tile_blocks(int64_t m, int64_t tile_begin, int64_t tile_end, BlockKernel kernel) {
+  auto over_tiles = [&](auto rows, int64_t i0) {
+    int64_t t = tile_begin;
+    for (; t + BlockTiles <= tile_end; t += BlockTiles) kernel(rows, Count<BlockTiles>{}, i0, t, int64_t{BlockTiles});
+    for (; t < tile_end; t += 2) kernel(rows, Count<2>{}, i0, t, tile_end - t < 2 ? tile_end - t : int64_t{2});
+  };
+  int64_t i = 0;
+  for (; i + MaxRows <= m; i += MaxRows) over_tiles(Count<MaxRows>{}, i);
+  if (i < m) with_count<MaxRows - 1>(static_cast<int>(m - i), [&](auto rows) { over_tiles(rows, i); });
+}
+
 // For kernels that take rows two at a time (smmla): kernel(Count<PAIRS>{}, row_a, row_b, t)
 // computes the row pairs (row_a[j], row_b[j]), j < PAIRS, of tile t. Blocks of 4 rows form two
 // pairs; an odd last row is paired with itself (the kernel stores it once).

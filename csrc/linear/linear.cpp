@@ -2,6 +2,7 @@
 #include "linear/linear.h"
 
 #include <algorithm>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -17,36 +18,57 @@ namespace {
 using W4A8Tiles = void (*)(const W4A8Problem&, int64_t, int64_t);
 using W8A8Tiles = void (*)(const W8A8Problem&, int64_t, int64_t);
 
-// smmla computes two rows at once; a single decode row is better served by sdot.
-template <typename Fn>
-Fn pick(Fn ref_fn, Fn avx2_fn, Fn dotprod_fn, Fn i8mm_fn, Fn sve2_fn, int64_t m) {
-  switch (active_isa()) {
-    case Isa::avx2:
-    case Isa::avxvnni:
-    case Isa::avx512vnni:
-    case Isa::avx512bf16: return avx2_fn;
-    case Isa::dotprod: return dotprod_fn;
-    case Isa::i8mm: return m < 2 ? dotprod_fn : i8mm_fn;
-    case Isa::sve2: return sve2_fn;
-    default: return ref_fn;
+// smmla computes two rows at once; a single decode row is better served by sdot. AMX tiles
+// take 16 rows and 64 K at a time and only pay off from 32 rows (measured: at 16 rows AVX-512
+// is faster); W4A8 groups of 32 would need a second tile shape. group is 0 for W8A8.
+// The avx512bf16 level has no int8 kernels of its own: it includes avx512vnni.
+Isa variant_isa(int64_t m, int64_t k, int64_t group) {
+  switch (Isa isa = active_isa()) {
+    case Isa::avx512bf16: return Isa::avx512vnni;
+    case Isa::amx: return m < 32 || k % 64 || group == 32 ? Isa::avx512vnni : Isa::amx;
+    case Isa::i8mm: return m < 2 ? Isa::dotprod : Isa::i8mm;
+    default: return isa;
   }
 }
 
-W4A8Tiles w4a8_kernel(int64_t m) {
+template <typename Fn>
+struct Variants {
+  Fn ref, avx2, avxvnni, avx512vnni, amx, dotprod, i8mm, sve2;
+};
+
+template <typename Fn>
+Fn pick(const Variants<Fn>& v, int64_t m, int64_t k, int64_t group) {
+  switch (variant_isa(m, k, group)) {
+    case Isa::avx2: return v.avx2;
+    case Isa::avxvnni: return v.avxvnni;
+    case Isa::avx512vnni: return v.avx512vnni;
+    case Isa::amx: return v.amx;
+    case Isa::dotprod: return v.dotprod;
+    case Isa::i8mm: return v.i8mm;
+    case Isa::sve2: return v.sve2;
+    default: return v.ref;
+  }
+}
+
+W4A8Tiles w4a8_kernel(int64_t m, int64_t k, int64_t group) {
 #if defined(SHRIKE_X86)
-  return pick<W4A8Tiles>(ref::w4a8_tiles, avx2::w4a8_tiles, nullptr, nullptr, nullptr, m);
+  return pick<W4A8Tiles>({ref::w4a8_tiles, avx2::w4a8_tiles, avxvnni::w4a8_tiles, avx512vnni::w4a8_tiles,
+                          amx::w4a8_tiles}, m, k, group);
 #elif defined(SHRIKE_AARCH64)
-  return pick<W4A8Tiles>(ref::w4a8_tiles, nullptr, dotprod::w4a8_tiles, i8mm::w4a8_tiles, sve2::w4a8_tiles, m);
+  return pick<W4A8Tiles>({ref::w4a8_tiles, nullptr, nullptr, nullptr, nullptr, dotprod::w4a8_tiles,
+                          i8mm::w4a8_tiles, sve2::w4a8_tiles}, m, k, group);
 #else
   return ref::w4a8_tiles;
 #endif
 }
 
-W8A8Tiles w8a8_kernel(int64_t m) {
+W8A8Tiles w8a8_kernel(int64_t m, int64_t k) {
 #if defined(SHRIKE_X86)
-  return pick<W8A8Tiles>(ref::w8a8_tiles, avx2::w8a8_tiles, nullptr, nullptr, nullptr, m);
+  return pick<W8A8Tiles>({ref::w8a8_tiles, avx2::w8a8_tiles, avxvnni::w8a8_tiles, avx512vnni::w8a8_tiles,
+                          amx::w8a8_tiles}, m, k, 0);
 #elif defined(SHRIKE_AARCH64)
-  return pick<W8A8Tiles>(ref::w8a8_tiles, nullptr, dotprod::w8a8_tiles, i8mm::w8a8_tiles, sve2::w8a8_tiles, m);
+  return pick<W8A8Tiles>({ref::w8a8_tiles, nullptr, nullptr, nullptr, nullptr, dotprod::w8a8_tiles,
+                          i8mm::w8a8_tiles, sve2::w8a8_tiles}, m, k, 0);
 #else
   return ref::w8a8_tiles;
 #endif
@@ -54,10 +76,12 @@ W8A8Tiles w8a8_kernel(int64_t m) {
 
 // Decode (few rows) wants many small chunks so slow cores cannot stall the call; prefill
 // wants chunks small enough that a chunk of tiles stays in L2 while every row block reuses it.
+// Even counts keep the AVX-512 kernels' tile pairs whole, and make a task's columns 64 bytes
+// of bf16 output or more, so neighbouring tasks share no cache line when the row is aligned.
 int64_t tiles_per_task(int64_t tiles, int64_t m) {
   int64_t threads = runtime::num_threads();
   int64_t cap = m <= 4 ? 16 : 4;
-  return std::max<int64_t>(1, std::min(cap, tiles / (threads * 8)));
+  return std::max<int64_t>(2, std::min(cap, tiles / (threads * 8)) & ~int64_t{1});
 }
 
 constexpr int64_t kSerialWork = 1 << 18;  // multiply-adds below which threads cost more than they save
@@ -82,12 +106,28 @@ void over_row_blocks(int64_t m, int64_t k, Fn fn) {
                         [&](int64_t t) { fn(t * kQuantRows, std::min(m, (t + 1) * kQuantRows)); });
 }
 
+int32_t row_sum(const int8_t* q, int64_t k) {
+  int32_t sum = 0;
+  for (int64_t j = 0; j < k; ++j) sum += q[j];
+  return sum;
+}
+
+// The AMX kernel loads activation tiles of 16 rows x 64 K. Read from q, a tile's rows are k
+// bytes apart, which puts all 16 in two L1 sets when k is a multiple of 2048; packed, each tile
+// is 1 KiB in one piece. Packs the whole 16-row blocks of rows [r0, r1), r0 a multiple of 16.
+void pack_activation_tiles(const int8_t* q, int64_t r0, int64_t r1, int64_t k, int8_t* tiles) {
+  for (int64_t b = r0 / 16; b < r1 / 16; ++b)
+    for (int64_t kb = 0; kb < k / 64; ++kb)
+      for (int64_t r = 0; r < 16; ++r)
+        std::memcpy(tiles + ((b * (k / 64) + kb) * 16 + r) * 64, q + (b * 16 + r) * k + kb * 64, 64);
+}
+
 size_t element_bytes(DType dt) { return dt == DType::f32 ? 4 : 2; }
 
 struct Workspace {
-  std::vector<int8_t> q;
+  std::vector<int8_t> q, q_tiles;
   std::vector<float> scale;
-  std::vector<int32_t> zero, group_sum;
+  std::vector<int32_t> zero, group_sum, sum;
 };
 
 Workspace& workspace() {
@@ -96,6 +136,8 @@ Workspace& workspace() {
 }
 
 }  // namespace
+
+const char* linear_variant(int64_t m, int64_t k, int64_t group) { return isa_name(variant_isa(m, k, group)); }
 
 void w4a8_linear(const void* x, DType x_dtype, int64_t m, int64_t k, const uint8_t* packed, int64_t n,
                  int64_t group, const float* bias, void* out, DType out_dtype) {
@@ -111,14 +153,17 @@ void w4a8_linear(const void* x, DType x_dtype, int64_t m, int64_t k, const uint8
   ws.scale.resize(m);
   ws.zero.resize(m);
   ws.group_sum.resize(m * groups);
+  const bool tiles = variant_isa(m, k, group) == Isa::amx;
+  if (tiles) ws.q_tiles.resize(m / 16 * 16 * k);
   const char* xb = static_cast<const char*>(x);
   over_row_blocks(m, k, [&](int64_t r0, int64_t r1) {
     AsymRows rows{ws.q.data() + r0 * k, ws.scale.data() + r0, ws.zero.data() + r0, ws.group_sum.data() + r0 * groups};
     quantize_asym(xb + r0 * k * element_bytes(x_dtype), x_dtype, r1 - r0, k, group, rows);
+    if (tiles) pack_activation_tiles(ws.q.data(), r0, r1, k, ws.q_tiles.data());
   });
-  W4A8Problem p{ws.q.data(), ws.scale.data(), ws.zero.data(), ws.group_sum.data(), packed, bias, out, out_dtype,
-                m, n, k, group};
-  run_tiles(p, w4a8_kernel(m));
+  W4A8Problem p{ws.q.data(),    ws.scale.data(), ws.zero.data(), ws.group_sum.data(),
+                tiles ? ws.q_tiles.data() : nullptr, packed, bias, out, out_dtype, m, n, k, group};
+  run_tiles(p, w4a8_kernel(m, k, group));
 }
 
 void w8a8_linear(const void* x, DType x_dtype, int64_t m, int64_t k, const uint8_t* packed, int64_t n,
@@ -128,12 +173,19 @@ void w8a8_linear(const void* x, DType x_dtype, int64_t m, int64_t k, const uint8
   Workspace& ws = workspace();
   ws.q.resize(m * k);
   ws.scale.resize(m);
+  ws.sum.resize(m);
+  const W8A8Tiles kernel = w8a8_kernel(m, k);
+  const bool tiles = variant_isa(m, k, 0) == Isa::amx;
+  if (tiles) ws.q_tiles.resize(m / 16 * 16 * k);
   const char* xb = static_cast<const char*>(x);
   over_row_blocks(m, k, [&](int64_t r0, int64_t r1) {
     quantize_sym(xb + r0 * k * element_bytes(x_dtype), x_dtype, r1 - r0, k, SymRows{ws.q.data() + r0 * k, ws.scale.data() + r0});
+    for (int64_t i = r0; i < r1; ++i) ws.sum[i] = row_sum(ws.q.data() + i * k, k);
+    if (tiles) pack_activation_tiles(ws.q.data(), r0, r1, k, ws.q_tiles.data());
   });
-  W8A8Problem p{ws.q.data(), ws.scale.data(), packed, bias, out, out_dtype, m, n, k};
-  run_tiles(p, w8a8_kernel(m));
+  W8A8Problem p{ws.q.data(), ws.scale.data(), ws.sum.data(), tiles ? ws.q_tiles.data() : nullptr, packed, bias, out,
+                out_dtype, m, n, k};
+  run_tiles(p, kernel);
 }
 
 }  // namespace shrike

@@ -23,12 +23,17 @@ void w4a8_linear(const void* x, DType x_dtype, int64_t m, int64_t k, const uint8
 void w8a8_linear(const void* x, DType x_dtype, int64_t m, int64_t k, const uint8_t* packed, int64_t n,
                  const float* bias, void* out, DType out_dtype);
 
+// isa_name of the variant whose kernels run an m-row call with this k and W4A8 group (0 for
+// W8A8) at the active level (levels without kernels of their own run those of the level below).
+const char* linear_variant(int64_t m, int64_t k, int64_t group);
+
 // Quantized activations plus everything else one tile kernel call needs.
 struct W4A8Problem {
   const int8_t* q;             // (m, k)
   const float* x_scale;        // (m,)
   const int32_t* x_zero;       // (m,)
   const int32_t* x_group_sum;  // (m, k / group)
+  const int8_t* q_tiles;       // (m / 16, k / 64, 16, 64) q as AMX activation tiles, set when the amx kernel runs
   const uint8_t* packed;
   const float* bias;  // (n,) or null
   void* out;          // (m, n)
@@ -39,6 +44,8 @@ struct W4A8Problem {
 struct W8A8Problem {
   const int8_t* q;       // (m, k)
   const float* x_scale;  // (m,)
+  const int32_t* x_sum;  // (m,) sum of q over k, for kernels that offset the weights to unsigned
+  const int8_t* q_tiles;  // (m / 16, k / 64, 16, 64) q as AMX activation tiles, set when the amx kernel runs
   const uint8_t* packed;
   const float* bias;
   void* out;
@@ -53,6 +60,11 @@ struct W8A8Problem {
 
 namespace ref { SHRIKE_DECLARE_LINEAR_TILES }
 namespace avx2 { SHRIKE_DECLARE_LINEAR_TILES }
+namespace avxvnni { SHRIKE_DECLARE_LINEAR_TILES }
+namespace avx512vnni { SHRIKE_DECLARE_LINEAR_TILES }
+namespace amx {  // k % 64 == 0 (whole activation tiles) and W4A8 groups of 64 or 128; rows past m / 16 * 16 run avx512vnni
+SHRIKE_DECLARE_LINEAR_TILES
+}
 namespace dotprod { SHRIKE_DECLARE_LINEAR_TILES }
 namespace i8mm { SHRIKE_DECLARE_LINEAR_TILES }
 namespace sve2 { SHRIKE_DECLARE_LINEAR_TILES }

@@ -32,7 +32,8 @@ void quantize_asym_rows(const T* x, int64_t rows, int64_t k, int64_t group, cons
     case Isa::avx2:
     case Isa::avxvnni:
     case Isa::avx512vnni:
-    case Isa::avx512bf16: return avx2::quantize_asym(x, rows, k, group, out);
+    case Isa::avx512bf16:
+    case Isa::amx: return avx2::quantize_asym(x, rows, k, group, out);
 #elif defined(SHRIKE_AARCH64)
     case Isa::dotprod:
     case Isa::i8mm: return neon::quantize_asym(x, rows, k, group, out);
@@ -49,7 +50,8 @@ void quantize_sym_rows(const T* x, int64_t rows, int64_t k, const SymRows& out) 
     case Isa::avx2:
     case Isa::avxvnni:
     case Isa::avx512vnni:
-    case Isa::avx512bf16: return avx2::quantize_sym(x, rows, k, out);
+    case Isa::avx512bf16:
+    case Isa::amx: return avx2::quantize_sym(x, rows, k, out);
 #elif defined(SHRIKE_AARCH64)
     case Isa::dotprod:
     case Isa::i8mm: return neon::quantize_sym(x, rows, k, out);

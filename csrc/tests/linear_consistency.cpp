@@ -152,20 +152,26 @@ void compare(std::vector<Tally>& tallies, const std::vector<Isa>& isas, size_t b
 void check_all(const std::vector<Isa>& isas, bool quick, std::vector<Tally>& tallies, Tally& packing) {
   const std::vector<Shape> small = {{960, 576}, {576, 576}, {3072, 576}, {576, 1536}, {13, 128}, {37, 256}, {8, 64}};
   const std::vector<Shape> large = {{2560, 2048}, {2048, 2048}, {12288, 2048}, {2048, 6144}};
-  const std::vector<int64_t> small_m = quick ? std::vector<int64_t>{1, 2, 3, 5, 17} : std::vector<int64_t>{1, 2, 3, 4, 5, 8, 17, 64};
+  // Row counts cover every remainder of the register blocks (4 and 8 rows, 2 for smmla).
+  const std::vector<int64_t> small_m = quick ? std::vector<int64_t>{1, 2, 3, 5, 17}
+                                             : std::vector<int64_t>{1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 33, 64};
   const std::vector<int64_t> large_m = quick ? std::vector<int64_t>{1, 5} : std::vector<int64_t>{1, 3, 8};
-  for (int pass = 0; pass < 2; ++pass) {
-    const auto& shapes = pass ? large : small;
-    const auto& ms = pass ? large_m : small_m;
+  // Prefill row counts on shapes small enough for the scalar reference (and qemu).
+  const std::vector<Shape> prefill = {{576, 576}, {37, 256}};
+  const std::vector<int64_t> prefill_m = quick ? std::vector<int64_t>{33} : std::vector<int64_t>{129, 512};
+  for (int pass = 0; pass < 3; ++pass) {
+    const auto& shapes = pass == 0 ? small : pass == 1 ? large : prefill;
+    const auto& ms = pass == 0 ? small_m : pass == 1 ? large_m : prefill_m;
+    const int variant_step = pass == 2 || (pass == 1 && quick) ? 3 : 1;
     for (Shape s : shapes) {
       for (int64_t group : {32, 64, 128}) {
         if (s.k % group) continue;
         // Keeps the emulated run short: the group loop is the same code for every shape.
-        if (pass && group != 128 && (quick || s.n > 2560)) continue;
+        if (pass == 1 && group != 128 && (quick || s.n > 2560)) continue;
         W4Case c = make_w4a8(s, group, packing);
         for (int64_t m : ms) {
           std::vector<float> x = activations(m, s.k);
-          for (int variant = 0; variant < 4; variant += pass && quick ? 3 : 1) {
+          for (int variant = 0; variant < 4; variant += variant_step) {
             DType xt = variant & 1 ? DType::bf16 : DType::f32, ot = variant & 2 ? DType::bf16 : DType::f32;
             std::vector<uint8_t> xin = as_input(x, xt);
             std::string name = "w4a8 M=" + std::to_string(m) + " N=" + std::to_string(s.n) + " K=" + std::to_string(s.k) +
@@ -188,11 +194,11 @@ void check_all(const std::vector<Isa>& isas, bool quick, std::vector<Tally>& tal
           }
         }
       }
-      if (pass && s.n > 2560) continue;
+      if (pass == 1 && s.n > 2560) continue;
       W8Case c = make_w8a8(s, packing);
       for (int64_t m : ms) {
         std::vector<float> x = activations(m, s.k);
-        for (int variant = 0; variant < 4; variant += pass && quick ? 3 : 1) {
+        for (int variant = 0; variant < 4; variant += variant_step) {
           DType xt = variant & 1 ? DType::bf16 : DType::f32, ot = variant & 2 ? DType::bf16 : DType::f32;
           std::vector<uint8_t> xin = as_input(x, xt);
           std::string name = "w8a8 M=" + std::to_string(m) + " N=" + std::to_string(s.n) + " K=" + std::to_string(s.k) +
@@ -291,6 +297,15 @@ int main(int argc, char** argv) {
     std::printf("FAIL: variant %s is not available\n", only.c_str());
     ++failures;
   }
+  // Variants of this architecture the CPU cannot run are named, never silently dropped.
+#if defined(SHRIKE_X86)
+  const Isa arch_first = Isa::avx2, arch_last = Isa::amx;
+#else
+  const Isa arch_first = Isa::dotprod, arch_last = Isa::sve2;
+#endif
+  for (int i = static_cast<int>(arch_first); i <= static_cast<int>(arch_last); ++i)
+    if (!isa_available(static_cast<Isa>(i)) && (only.empty() || only == isa_name(static_cast<Isa>(i))))
+      std::printf("%-8s SKIPPED: not runnable on this CPU or not in this build\n", isa_name(static_cast<Isa>(i)));
   std::vector<Tally> tallies(isas.size());
   Tally packing;
   check_all(isas, quick, tallies, packing);

@@ -27,6 +27,11 @@ def _kernel_section(problems: list[str]) -> dict[str, Any]:
     return {
         "features": dict(_C.cpu_features()),
         "active_isa": _C.active_isa(),
+        # The variant can depend on the row count (Arm I8MM, x86 AMX).
+        "linear_variants": {
+            scheme: {"decode_m1": _C.linear_variant(scheme, 1), "prefill": _C.linear_variant(scheme, 512)}
+            for scheme in ("w4a8", "w8a8")
+        },
         "available_isas": list(_C.available_isas()),
         "shrike_isa": os.environ.get("SHRIKE_ISA"),
     }
@@ -212,6 +217,9 @@ def _format_cpu(cpu: dict) -> list[str]:
     lines.append(f"ISA features  {' '.join(present) or 'none of those Shrike uses'}")
     chosen = f"SHRIKE_ISA={cpu['shrike_isa']}" if cpu["shrike_isa"] else "best available"
     lines.append(f"Kernels       {cpu['active_isa']} ({chosen}; built and runnable: {', '.join(cpu['available_isas'])})")
+    linear = cpu["linear_variants"]
+    lines.append("Linear        " + "; ".join(
+        f"{scheme.upper()} decode (M=1) {v['decode_m1']}, prefill {v['prefill']}" for scheme, v in linear.items()))
     return lines
 
 

@@ -36,7 +36,7 @@ GROUP_SIZES = (32, 64, 128)
 
 
 def active_isa() -> str:
-    """Name of the kernel level in use: scalar, avx2, avxvnni, avx512vnni, avx512bf16, dotprod, i8mm or sve2."""
+    """Name of the kernel level in use: scalar, avx2, avxvnni, avx512vnni, avx512bf16, amx, dotprod, i8mm or sve2."""
     return _C.active_isa()
 
 

@@ -1,0 +1,56 @@
+// Shared by the AVX-512 tile kernels, which hold two adjacent 8-row tiles in one zmm (16 output
+// columns): pair loads from the two tiles' streams, and bias loads and output stores for up to
+// 16 columns of one row.
+// Internal linkage on purpose: these are compiled with AVX-512 flags and must never be merged
+// with a same-named inline function from a translation unit built for another ISA.
+#pragma once
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "common/dtype.h"
+
+namespace shrike::avx512vnni {
+namespace {
+
+// 32 bytes at `offset` of tile a (lanes 0-7) and of tile b (lanes 8-15).
+inline __m512i load_pair(const uint8_t* a, const uint8_t* b, int64_t offset) {
+  __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + offset));
+  return _mm512_inserti64x4(_mm512_castsi256_si512(lo), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + offset)), 1);
+}
+
+// 8 int16 at `offset` of tile a and of tile b, sign-extended to 16 int32 lanes.
+inline __m512i load_pair_i16(const uint8_t* a, const uint8_t* b, int64_t offset) {
+  __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + offset));
+  __m256i both = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + offset)), 1);
+  return _mm512_cvtepi16_epi32(both);
+}
+
+// acc += dot products of the unsigned bytes u with the four int8 at q repeated in every lane.
+// Written as asm so the activations stay an embedded-broadcast memory operand and acc is
+// updated in place: from intrinsics GCC hoists every broadcast into a register and copies
+// accumulators, which spills the 8-row blocks.
+inline void dpbusd_broadcast(__m512i& acc, __m512i u, const int8_t* q) {
+  __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*reinterpret_cast<const int32_t*>(q)));
+}
+
+inline __mmask16 first_lanes(int valid) { return static_cast<__mmask16>((1u << valid) - 1); }
+
+inline __m512 load_bias(const float* bias, int64_t col, int valid) {
+  return bias ? _mm512_maskz_loadu_ps(first_lanes(valid), bias + col) : _mm512_setzero_ps();
+}
+
+// Stores the first `valid` of 16 outputs at out[offset]; bf16 rounds to nearest even like
+// float_to_bf16 does for finite values (the AVX2 kernels do the same).
+inline void store_row(void* out, DType dt, int64_t offset, __m512 y, int valid) {
+  __mmask16 mask = first_lanes(valid);
+  if (dt == DType::f32) return _mm512_mask_storeu_ps(static_cast<float*>(out) + offset, mask, y);
+  __m512i b = _mm512_castps_si512(y);
+  __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+  __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+  _mm256_mask_storeu_epi16(static_cast<uint16_t*>(out) + offset, mask, _mm512_cvtepi32_epi16(rounded));
+}
+
+}  // namespace
+}  // namespace shrike::avx512vnni
