@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     width = max(11, *(len(isa) + 1 for isa in isas))
     header = "".join(f"{isa:>{width}}" for isa in isas)
     torch_header = "" if args.no_torch else f" {'torch f32':>10} {'torch bf16':>11}"
-    print(f"\nGOP/s (2 M N K / median time; M=1 over weights cycled past the LLC)")
+    print("\nGOP/s (2 M N K / median time; M=1 over weights cycled past the LLC)")
     print(f"{'':>14} | {'W4A8-G128':<{width * len(isas)}} | {'W8A8':<{width * len(isas)}} |")
     print(f"{'shape':>8} {'M':>5} | {header} | {header} |{torch_header}")
     for name in shapes:
