@@ -14,17 +14,20 @@ MAX_BODY_BYTES = 8 << 20  # a full 128k-token prompt as JSON token ids is about 
 # none of which reaches the model or its tokenizer. Everything else, unknown paths included, needs the key,
 # so a route added later is guarded unless it is listed here on purpose.
 OPEN_PATHS = frozenset({"/", "/health", "/metrics", "/version", "/openapi.json", "/docs", "/redoc"})
+# The chat page's own files: it asks for the key itself, so loading it must not need one.
+OPEN_PREFIXES = ("/web/",)
 
 
 class APIKeyMiddleware:
-    """`Authorization: Bearer KEY` on every path but OPEN_PATHS."""
+    """`Authorization: Bearer KEY` on every path but OPEN_PATHS and OPEN_PREFIXES."""
 
     def __init__(self, app: ASGIApp, api_key: str):
         self.app = app
         self.expected = f"Bearer {api_key}".encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
+        path = scope["path"] if scope["type"] == "http" else ""
+        if scope["type"] == "http" and path not in OPEN_PATHS and not path.startswith(OPEN_PREFIXES):
             given = dict(scope["headers"]).get(b"authorization", b"")
             # Constant time: how much of a guess matched must not show in the response time.
             if not hmac.compare_digest(given, self.expected):

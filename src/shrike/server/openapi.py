@@ -204,7 +204,19 @@ def _refine_requests(schemas: dict, vocab_size: int, tokenizer_vocab_size: int, 
         {"if": {"properties": {"max_completion_tokens": {"type": "integer"}}, "required": ["max_completion_tokens"]},
          "else": {"properties": {"max_tokens": {"anyOf": [output_tokens, {"type": "null"}]}}}},
     ]
-    schemas["ResponseFormat"]["properties"]["type"]["enum"] = ["text"]
+    # json_schema needs its schema; what a schema may say is the grammar engine's to judge (a 400 naming it).
+    schemas["ResponseFormat"]["if"] = {"properties": {"type": {"const": "json_schema"}}, "required": ["type"]}
+    schemas["ResponseFormat"]["then"] = {"required": ["json_schema"], "properties": {"json_schema": {
+        "type": "object", "required": ["schema"], "properties": {"schema": {"type": "object"}}}}}
+    choice = {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1}}
+    not_blank = {"type": "string", "pattern": r"\S"}
+    for name in ("CompletionRequest", "ChatCompletionRequest"):
+        set_field(name, "guided_choice", choice)
+        set_field(name, "guided_regex", not_blank)
+        set_field(name, "guided_grammar", not_blank)
+    set_field("StructuredOutputs", "choice", choice)
+    set_field("StructuredOutputs", "regex", not_blank)
+    set_field("StructuredOutputs", "grammar", not_blank)
     schemas["TextContentPart"]["properties"]["type"] = {"type": "string", "enum": ["text"]}
     # Chat templates read every message's content (this server passes a missing one on as missing, which the
     # default model's template refuses), so the portable contract is: content is always given.
