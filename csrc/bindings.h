@@ -5,3 +5,4 @@
 void bind_linear(nanobind::module_& m);
 void bind_attention(nanobind::module_& m);
 void bind_fused(nanobind::module_& m);
+void bind_plan(nanobind::module_& m);

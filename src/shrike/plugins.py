@@ -93,4 +93,5 @@ def build_registry(environ: Mapping[str, str] = os.environ) -> Registry:
     register_architectures(registry)
     registry.register_quantization("compressed-tensors", QuantizedLinearFactory)
     load_plugins(registry, environ)
+    registry.check_ops()
     return registry
