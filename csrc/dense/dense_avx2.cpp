@@ -1,0 +1,111 @@
+// AVX2 + FMA: bf16 weights widened to fp32 (exact) and multiplied with FMA, fp32 weights as they
+// are. A block's 16 lanes (dense_kernels.h) live in two registers: lo = pairs of K 0..15, hi = 16..31.
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "common/bf16_avx2.h"
+#include "dense/dense_kernels.h"
+
+namespace shrike::avx2 {
+
+namespace {
+
+// The odd and even elements of 16 consecutive values, as 8 fp32 lanes each (lane j = pair j).
+struct Pairs {
+  __m256 odd, even;
+};
+
+inline Pairs load_pairs(const bf16* p) {
+  __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return {_mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(static_cast<int>(0xffff0000u)))),
+          _mm256_castsi256_ps(_mm256_slli_epi32(v, 16))};
+}
+
+inline Pairs load_pairs(const float* p) {
+  __m256 a = _mm256_loadu_ps(p), b = _mm256_loadu_ps(p + 8);
+  // shuffle_ps works within 128-bit halves; the 64-bit permute puts the halves in K order.
+  __m256 odd = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xdd)), 0xd8));
+  __m256 even = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xd8));
+  return {odd, even};
+}
+
+// Lane j += lane j + 4, + 2, + 1 (lane j += j + 8 happened when lo and hi were added).
+inline float reduce8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+  return _mm_cvtss_f32(s);
+}
+
+// RB rows x CB outputs; each output owns two accumulators (lo, hi) over the whole of K.
+template <int RB, int CB, typename XT, typename WT>
+void block(const DenseProblem& p, int64_t r0, int64_t c0) {
+  const XT* x = static_cast<const XT*>(p.x) + r0 * p.k;
+  const WT* w = static_cast<const WT*>(p.w) + c0 * p.k;
+  __m256 lo[RB][CB], hi[RB][CB];
+  for (int r = 0; r < RB; ++r)
+    for (int c = 0; c < CB; ++c) lo[r][c] = hi[r][c] = _mm256_setzero_ps();
+  auto step = [&](auto x_at, auto w_at) {
+    for (int half = 0; half < 2; ++half) {
+      Pairs xp[RB];
+      for (int r = 0; r < RB; ++r) xp[r] = load_pairs(x_at(r) + 16 * half);
+      for (int c = 0; c < CB; ++c) {
+        Pairs wp = load_pairs(w_at(c) + 16 * half);
+        for (int r = 0; r < RB; ++r) {
+          __m256& acc = half ? hi[r][c] : lo[r][c];
+          acc = _mm256_fmadd_ps(xp[r].odd, wp.odd, acc);
+          acc = _mm256_fmadd_ps(xp[r].even, wp.even, acc);
+        }
+      }
+    }
+  };
+  int64_t full = p.k / kDenseBlockK * kDenseBlockK;
+  for (int64_t b = 0; b < full; b += kDenseBlockK)
+    step([&](int r) { return x + r * p.k + b; }, [&](int c) { return w + c * p.k + b; });
+  if (full < p.k) {
+    int64_t rest = p.k - full;
+    // The last, partial block copied into zero-padded rows.
+    XT xt[RB][kDenseBlockK] = {};
+    WT wt[CB][kDenseBlockK] = {};
+    for (int r = 0; r < RB; ++r) std::memcpy(xt[r], x + r * p.k + full, rest * sizeof(XT));
+    for (int c = 0; c < CB; ++c) std::memcpy(wt[c], w + c * p.k + full, rest * sizeof(WT));
+    step([&](int r) { return static_cast<const XT*>(xt[r]); }, [&](int c) { return static_cast<const WT*>(wt[c]); });
+  }
+  for (int r = 0; r < RB; ++r)
+    for (int c = 0; c < CB; ++c) dense_store(p, r0 + r, c0 + c, reduce8(_mm256_add_ps(lo[r][c], hi[r][c])));
+}
+
+// One row (decode) gets a wider output block; more rows reuse each weight load across rows.
+template <typename XT, typename WT>
+void typed(const DenseProblem& p, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+  if (r1 - r0 == 1) {
+    int64_t c = c0;
+    for (; c + 4 <= c1; c += 4) block<1, 4, XT, WT>(p, r0, c);
+    for (; c < c1; ++c) block<1, 1, XT, WT>(p, r0, c);
+    return;
+  }
+  int64_t c = c0;
+  for (; c + 2 <= c1; c += 2) {
+    int64_t r = r0;
+    for (; r + 2 <= r1; r += 2) block<2, 2, XT, WT>(p, r, c);
+    if (r < r1) block<1, 2, XT, WT>(p, r, c);
+  }
+  if (c < c1) {
+    int64_t r = r0;
+    for (; r + 2 <= r1; r += 2) block<2, 1, XT, WT>(p, r, c);
+    if (r < r1) block<1, 1, XT, WT>(p, r, c);
+  }
+}
+
+}  // namespace
+
+void dense_block(const DenseProblem& p, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+  bool xf = p.x_dtype == DType::f32, wf = p.w_dtype == DType::f32;
+  if (xf && wf) return typed<float, float>(p, r0, r1, c0, c1);
+  if (xf) return typed<float, bf16>(p, r0, r1, c0, c1);
+  if (wf) return typed<bf16, float>(p, r0, r1, c0, c1);
+  typed<bf16, bf16>(p, r0, r1, c0, c1);
+}
+
+}  // namespace shrike::avx2

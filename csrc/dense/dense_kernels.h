@@ -1,0 +1,58 @@
+// What the dense_linear dispatcher (dense.cpp) hands to each ISA variant, and the one reduction
+// order every variant follows, so that all of them give the same bits for bf16 activations and
+// for fp32 weights, and every one is batch-invariant.
+//
+// Reduction order of one output y[r, c] (depends only on K):
+//   K is taken in blocks of 32 (the last block zero-padded). Accumulator lane j (0..15) adds,
+//   for each block b in order, with fused multiply-adds:
+//     acc[j] = fma(x[32b + 2j + 1], w[32b + 2j + 1], acc[j]);
+//     acc[j] = fma(x[32b + 2j],     w[32b + 2j],     acc[j]);
+//   (the pair order of vdpbf16ps, so the AVX-512 BF16 variant follows it with one instruction).
+//   The 16 lanes are then summed pairwise: lane j += lane j + 8, then + 4, + 2, + 1.
+//   y = acc[0] + bias[c], rounded once to the output dtype.
+#pragma once
+#include <cstdint>
+
+#include "common/bf16.h"
+#include "common/dtype.h"
+
+namespace shrike {
+
+constexpr int64_t kDenseBlockK = 32;
+constexpr int kDenseLanes = 16;
+
+struct DenseProblem {
+  const void* x;  // (m, k)
+  DType x_dtype;
+  const void* w;  // (n, k) row-major
+  DType w_dtype;
+  const float* bias;  // (n,) or null
+  void* out;          // (m, n)
+  DType out_dtype;
+  int64_t m, n, k;
+};
+
+// Each variant computes rows [r0, r1) x outputs [c0, c1). The avx512bf16 variant needs bf16
+// activations when the weights are bf16 (the dispatcher never hands it fp32 ones then).
+#define SHRIKE_DECLARE_DENSE_BLOCK \
+  void dense_block(const DenseProblem& p, int64_t r0, int64_t r1, int64_t c0, int64_t c1);
+
+namespace ref { SHRIKE_DECLARE_DENSE_BLOCK }
+namespace avx2 { SHRIKE_DECLARE_DENSE_BLOCK }
+namespace avx512bf16 { SHRIKE_DECLARE_DENSE_BLOCK }
+namespace dotprod { SHRIKE_DECLARE_DENSE_BLOCK }
+
+#undef SHRIKE_DECLARE_DENSE_BLOCK
+
+namespace {
+// Internal linkage: each ISA translation unit keeps its own copy (see bf16_avx2.h).
+inline void dense_store(const DenseProblem& p, int64_t r, int64_t c, float sum) {
+  float y = p.bias ? sum + p.bias[c] : sum;
+  if (p.out_dtype == DType::f32)
+    static_cast<float*>(p.out)[r * p.n + c] = y;
+  else
+    static_cast<bf16*>(p.out)[r * p.n + c] = float_to_bf16(y);
+}
+}  // namespace
+
+}  // namespace shrike
