@@ -13,7 +13,6 @@ import shutil
 import pytest
 import torch
 
-from shrike import _C
 from shrike.engine.llm_engine import EngineConfig, LLMEngine
 from shrike.quantization.quantize_checkpoint import quantize_checkpoint
 from shrike.quantization.schemes import SCHEMES
@@ -24,6 +23,12 @@ from test_model_tiny import _save_tiny
 PROMPT = [(7 * i + 3) % 5000 + 10 for i in range(40)]
 SHARED_PREFIX = PROMPT[:33] + [11, 12, 13, 14, 15, 16, 17]  # its first two blocks are PROMPT's
 GREEDY = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+
+
+def _quantize(src, dst, scheme: str, **kwargs):
+    fmt = "int-quantized" if scheme == "w8a8" else "pack-quantized"
+    quantize_checkpoint(src, dst, SCHEMES[scheme], fmt, progress=False, **kwargs)
+    return dst
 
 
 def _engine(model_dir, compiled: bool, dtype: str = "auto", backend: str = "auto") -> LLMEngine:
@@ -97,11 +102,10 @@ def tiny_dirs(tmp_path_factory, default_model_dir):
 @pytest.mark.parametrize("scheme", ["w4a8-g32", "w8a8"])
 def test_quantized_logits_are_bit_identical(tiny_dirs, tmp_path, kind, scheme):
     quantized = tmp_path / "q"
-    quantize_checkpoint(tiny_dirs[kind], quantized, SCHEMES[scheme], progress=False)
+    _quantize(tiny_dirs[kind], quantized, scheme)
     _assert_same_logits(quantized)
 
 
-@pytest.mark.skipif(not hasattr(_C, "dense_linear"), reason="needs the built-in dense linear kernel")
 @pytest.mark.parametrize("kind", ["llama", "qwen3", "minicpm-longrope"])
 def test_fp32_logits_are_bit_identical(tiny_dirs, kind):
     _assert_same_logits(tiny_dirs[kind], "float32")
@@ -109,11 +113,10 @@ def test_fp32_logits_are_bit_identical(tiny_dirs, kind):
 
 def test_smollm2_w4a8_logits_are_bit_identical(default_model_dir, tmp_path):
     quantized = tmp_path / "smollm2-w4a8"
-    quantize_checkpoint(default_model_dir, quantized, SCHEMES["w4a8-g64"], ignore=[], progress=False)
+    _quantize(default_model_dir, quantized, "w4a8-g64", ignore=[])
     _assert_same_logits(quantized)
 
 
-@pytest.mark.skipif(not hasattr(_C, "dense_linear"), reason="needs the built-in dense linear kernel")
 def test_smollm2_bf16_greedy_tokens_match(default_model_dir):
     prompts = [PROMPT, SHARED_PREFIX]
     compiled, eager = _engine(default_model_dir, True), _engine(default_model_dir, False)
@@ -124,7 +127,7 @@ def test_smollm2_bf16_greedy_tokens_match(default_model_dir):
 
 def test_reference_backend_runs_every_op_eagerly_with_the_same_tokens(tiny_dirs, tmp_path):
     quantized = tmp_path / "q"
-    quantize_checkpoint(tiny_dirs["qwen3"], quantized, SCHEMES["w4a8-g32"], progress=False)
+    _quantize(tiny_dirs["qwen3"], quantized, "w4a8-g32")
     reference = _engine(quantized, True, backend="reference")
     assert reference.runner.compiled is None and "reference" in reference.runner.plan_blocker
     assert all(impl.source == "reference" for impl in reference.runner.model.ops.chosen.values())
@@ -136,7 +139,7 @@ def test_reference_backend_runs_every_op_eagerly_with_the_same_tokens(tiny_dirs,
 
 def test_the_runner_leaves_sequences_to_the_scheduler(tiny_dirs, tmp_path):
     quantized = tmp_path / "q"
-    quantize_checkpoint(tiny_dirs["llama"], quantized, SCHEMES["w8a8"], progress=False)
+    _quantize(tiny_dirs["llama"], quantized, "w8a8")
     engine = _engine(quantized, True)
     engine.add_request("r", PROMPT[:10], GREEDY)
     batch = engine.scheduler.schedule()
@@ -152,7 +155,7 @@ def test_the_runner_leaves_sequences_to_the_scheduler(tiny_dirs, tmp_path):
 
 def test_plan_rejects_inputs_outside_its_buffers(tiny_dirs, tmp_path):
     quantized = tmp_path / "q"
-    quantize_checkpoint(tiny_dirs["llama"], quantized, SCHEMES["w8a8"], progress=False)
+    _quantize(tiny_dirs["llama"], quantized, "w8a8")
     compiled = _engine(quantized, True).runner.compiled
     buffers = compiled.buffers
     buffers.seqs[0] = torch.tensor([0, 0, 1], dtype=torch.int32)

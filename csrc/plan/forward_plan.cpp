@@ -8,6 +8,7 @@
 
 #include "attention/attention.h"
 #include "common/bf16.h"
+#include "dense/dense.h"
 #include "fused/fused.h"
 #include "linear/linear.h"
 #include "norm/rmsnorm.h"
@@ -51,9 +52,6 @@ ForwardPlan::ForwardPlan(const Shape& s, int64_t max_tokens_, int64_t max_seqs_)
 
 void ForwardPlan::prepare_step(int64_t num_seqs, int64_t num_tokens) {
   const Shape& s = shape;
-  if (num_seqs < 1 || num_seqs > max_seqs) bad_input("num_seqs " + std::to_string(num_seqs) + " outside 1.." + std::to_string(max_seqs));
-  if (num_tokens < 1 || num_tokens > max_tokens)
-    bad_input("num_tokens " + std::to_string(num_tokens) + " outside 1.." + std::to_string(max_tokens));
   const int64_t cache_blocks = s.num_slots / s.block_size;
   int64_t width = 1, token = 0;
   for (int64_t b = 0; b < num_seqs; ++b) {
@@ -97,7 +95,7 @@ void ForwardPlan::linear(const Linear& l, const void* x, int64_t rows, void* out
     case LinearKind::w8a8:
       return w8a8_linear(x, xt, rows, l.k, static_cast<const uint8_t*>(l.weight), l.n, l.bias, out, out_dtype);
     case LinearKind::dense:
-      throw std::logic_error("forward plan: this build has no dense linear kernel");
+      return dense_linear(x, xt, rows, l.k, l.weight, l.weight_dtype, l.n, l.bias, out, out_dtype);
   }
 }
 
@@ -175,6 +173,9 @@ void ForwardPlan::run(int64_t num_seqs, int64_t num_tokens, int64_t num_logits, 
   const Shape& s = shape;
   const DType dt = s.act_dtype;
   const size_t e = element_bytes(dt), row_bytes = s.hidden * e;
+  if (num_seqs < 1 || num_seqs > max_seqs) bad_input("num_seqs " + std::to_string(num_seqs) + " outside 1.." + std::to_string(max_seqs));
+  if (num_tokens < 1 || num_tokens > max_tokens)
+    bad_input("num_tokens " + std::to_string(num_tokens) + " outside 1.." + std::to_string(max_tokens));
   if (num_logits < 0 || num_logits > num_tokens) bad_input("num_logits must be in 0..num_tokens");
   if (!logits && num_logits > inputs.max_logits_rows) bad_input("more logits rows than the logits buffer holds");
   for (int64_t i = 0; i < num_logits; ++i)

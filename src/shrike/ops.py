@@ -129,6 +129,12 @@ def w8a8_linear_kernel(x: torch.Tensor, weight, bias: torch.Tensor | None, out: 
     _C.w8a8_linear(x, weight.packed, weight.n, bias, out)
 
 
+def dense_linear_kernel(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor) -> None:
+    if bias is not None and bias.dtype != torch.float32:
+        bias = bias.float()  # exact; the kernel adds the bias in float32
+    _C.dense_linear(x, weight, bias, out)
+
+
 def register_builtin_ops(registry: Registry) -> None:
     builtin = f"builtin:{_C.active_isa()}"
     kernels = {
@@ -137,6 +143,7 @@ def register_builtin_ops(registry: Registry) -> None:
         "add_rmsnorm": _C.add_rmsnorm,
         "w4a8_linear": w4a8_linear_kernel,
         "w8a8_linear": w8a8_linear_kernel,
+        "dense_linear": dense_linear_kernel,
         "rope_write_kv": _C.rope_write_kv,
         "paged_attention": _C.paged_attention,
         "silu_mul": _C.silu_mul,

@@ -4,8 +4,9 @@ At load the plan gets pointers to every weight, KV cache and rotary table, and t
 buffers the model runner owns and updates in place between steps. It runs only built-in kernels,
 so it is chosen only when every op of the model resolved to one; otherwise (a plugin's op or
 architecture, ``--kernel-backend reference``) the eager Python model runs through the op table.
-The lm_head is the one exception: without a built-in dense kernel the plan stops at the final
-normed rows and the op table's ``dense_linear`` computes the logits from them.
+The lm_head is the one exception: when a plugin replaces ``dense_linear``, the plan stops at the
+final normed rows and the plugin's op computes the logits from them, so a quantized model keeps
+its compiled layers.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ _DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 
 
 def _has_dense_kernel(ops) -> bool:
-    return hasattr(_C, "dense_linear") and ops.is_builtin("dense_linear")
+    return ops.is_builtin("dense_linear")
 
 
 def _plan_linear(layer, ops, keep: list) -> "_C.PlanLinear | str":
