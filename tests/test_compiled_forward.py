@@ -17,6 +17,7 @@ from shrike.engine.llm_engine import EngineConfig, LLMEngine
 from shrike.quantization.quantize_checkpoint import quantize_checkpoint
 from shrike.quantization.schemes import SCHEMES
 from shrike.sampling.params import SamplingParams
+from shrike.synth import synthesize
 
 from test_model_tiny import _save_tiny
 
@@ -98,8 +99,9 @@ def tiny_dirs(tmp_path_factory, default_model_dir):
     return dirs
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "minicpm", "minicpm-longrope"])
-@pytest.mark.parametrize("scheme", ["w4a8-g32", "w8a8"])
+@pytest.mark.parametrize("kind, scheme", [(kind, "w4a8-g32") for kind in ("llama", "qwen2", "qwen3", "minicpm",
+                                                                         "minicpm-longrope")]
+                         + [("qwen2", "w8a8"), ("minicpm-longrope", "w8a8")])
 def test_quantized_logits_are_bit_identical(tiny_dirs, tmp_path, kind, scheme):
     quantized = tmp_path / "q"
     _quantize(tiny_dirs[kind], quantized, scheme)
@@ -111,17 +113,18 @@ def test_fp32_logits_are_bit_identical(tiny_dirs, kind):
     _assert_same_logits(tiny_dirs[kind], "float32")
 
 
-def test_smollm2_w4a8_logits_are_bit_identical(default_model_dir, tmp_path):
-    quantized = tmp_path / "smollm2-w4a8"
-    _quantize(default_model_dir, quantized, "w4a8-g64", ignore=[])
-    _assert_same_logits(quantized)
+def test_smollm2_shaped_w4a8_logits_are_bit_identical(tmp_path):
+    """SmolLM2-135M's shapes (9 query heads over 3 KV heads, tied embeddings), 3 random layers."""
+    synthesize(tmp_path / "smollm2", "smollm2-135m", "w4a8-g64", layers=3, progress=False)
+    _assert_same_logits(tmp_path / "smollm2")
 
 
 def test_smollm2_bf16_greedy_tokens_match(default_model_dir):
-    prompts = [PROMPT, SHARED_PREFIX]
+    prompts = [PROMPT[:6], SHARED_PREFIX[:9]]
+    params = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
     compiled, eager = _engine(default_model_dir, True), _engine(default_model_dir, False)
     assert compiled.runner.compiled is not None, compiled.runner.plan_blocker
-    outputs = [[seqs[0].token_ids for seqs in engine.generate(prompts, GREEDY)] for engine in (compiled, eager)]
+    outputs = [[seqs[0].token_ids for seqs in engine.generate(prompts, params)] for engine in (compiled, eager)]
     assert outputs[0] == outputs[1]
 
 

@@ -73,7 +73,7 @@ class CompiledForward:
         c = model.config
         self.model, self.buffers = model, buffers
         max_tokens, max_seqs = buffers.token_ids.shape[0], buffers.seqs.shape[0]
-        self._keep: list = []  # tensors the plan points into, beyond the model's own
+        self._keep: list = [kv_caches]  # what the plan points into, beyond the model and the buffers
         cache_dtype = kv_caches[0].key.dtype
         shape = dict(hidden=c.hidden_size, num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
                      intermediate=c.intermediate_size, vocab=c.vocab_size, block_size=block_size,
