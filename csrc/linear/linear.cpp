@@ -116,9 +116,18 @@ void w4a8_linear(const void* x, DType x_dtype, int64_t m, int64_t k, const uint8
     AsymRows rows{ws.q.data() + r0 * k, ws.scale.data() + r0, ws.zero.data() + r0, ws.group_sum.data() + r0 * groups};
     quantize_asym(xb + r0 * k * element_bytes(x_dtype), x_dtype, r1 - r0, k, group, rows);
   });
-  W4A8Problem p{ws.q.data(), ws.scale.data(), ws.zero.data(), ws.group_sum.data(), packed, bias, out, out_dtype,
-                m, n, k, group};
-  run_tiles(p, w4a8_kernel(m));
+  w4a8_linear_quantized({ws.q.data(), ws.scale.data(), ws.zero.data(), ws.group_sum.data(), packed, bias, out,
+                         out_dtype, m, n, k, group});
+}
+
+void w4a8_linear_quantized(const W4A8Problem& p) {
+  if (p.m == 0 || p.n == 0) return;
+  run_tiles(p, w4a8_kernel(p.m));
+}
+
+void w8a8_linear_quantized(const W8A8Problem& p) {
+  if (p.m == 0 || p.n == 0) return;
+  run_tiles(p, w8a8_kernel(p.m));
 }
 
 void w8a8_linear(const void* x, DType x_dtype, int64_t m, int64_t k, const uint8_t* packed, int64_t n,
@@ -132,8 +141,7 @@ void w8a8_linear(const void* x, DType x_dtype, int64_t m, int64_t k, const uint8
   over_row_blocks(m, k, [&](int64_t r0, int64_t r1) {
     quantize_sym(xb + r0 * k * element_bytes(x_dtype), x_dtype, r1 - r0, k, SymRows{ws.q.data() + r0 * k, ws.scale.data() + r0});
   });
-  W8A8Problem p{ws.q.data(), ws.scale.data(), packed, bias, out, out_dtype, m, n, k};
-  run_tiles(p, w8a8_kernel(m));
+  w8a8_linear_quantized({ws.q.data(), ws.scale.data(), packed, bias, out, out_dtype, m, n, k});
 }
 
 }  // namespace shrike

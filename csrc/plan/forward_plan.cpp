@@ -12,6 +12,7 @@
 #include "fused/fused.h"
 #include "linear/linear.h"
 #include "norm/rmsnorm.h"
+#include "quant/act_quant.h"
 #include "runtime/threadpool.h"
 
 namespace shrike::plan {
@@ -43,6 +44,11 @@ ForwardPlan::ForwardPlan(const Shape& s, int64_t max_tokens_, int64_t max_seqs_)
   final_delta_.resize(t * s.hidden * e);
   final_residual_.resize(t * s.hidden * e);
   final_normed_.resize(t * s.hidden * e);
+  const size_t max_k = std::max(s.hidden, s.intermediate);
+  act_q_.resize(t * max_k);
+  act_scale_.resize(t);
+  act_zero_.resize(t);
+  act_group_sum_.resize(t * (max_k / 32));
   cos_.resize(t * s.head_dim);
   sin_.resize(t * s.head_dim);
   slots_.resize(t);
@@ -99,6 +105,60 @@ void ForwardPlan::linear(const Linear& l, const void* x, int64_t rows, void* out
   }
 }
 
+void ForwardPlan::quantize_row(const Linear& l, const void* x, int64_t row) {
+  if (l.kind == LinearKind::w4a8) {
+    const int64_t groups = l.k / l.group;
+    quantize_asym(x, shape.act_dtype, 1, l.k, l.group,
+                  {act_q_.data() + row * l.k, act_scale_.data() + row, act_zero_.data() + row,
+                   act_group_sum_.data() + row * groups});
+  } else if (l.kind == LinearKind::w8a8) {
+    quantize_sym(x, shape.act_dtype, 1, l.k, {act_q_.data() + row * l.k, act_scale_.data() + row});
+  }
+}
+
+// The input (rows, l.k) of `l`: quantized already by its producer when `l` is quantized.
+void ForwardPlan::consume(const Linear& l, const void* x, int64_t rows, void* out) {
+  const DType dt = shape.act_dtype;
+  if (l.kind == LinearKind::w4a8)
+    return w4a8_linear_quantized({act_q_.data(), act_scale_.data(), act_zero_.data(), act_group_sum_.data(),
+                                  static_cast<const uint8_t*>(l.weight), l.bias, out, dt, rows, l.n, l.k, l.group});
+  if (l.kind == LinearKind::w8a8)
+    return w8a8_linear_quantized({act_q_.data(), act_scale_.data(), static_cast<const uint8_t*>(l.weight), l.bias, out,
+                                  dt, rows, l.n, l.k});
+  linear(l, x, rows, out, dt);
+}
+
+// normed_ = rmsnorm(residual (+= delta_ when add)), quantized row by row for `consumer`.
+void ForwardPlan::norm_for(const Linear& consumer, const void* weight, int64_t tokens, bool add) {
+  const Shape& s = shape;
+  const size_t row_bytes = s.hidden * element_bytes(s.act_dtype);
+  if (consumer.kind == LinearKind::dense) {
+    if (add) return add_rmsnorm(delta_.data(), residual_.data(), weight, normed_.data(), tokens, s.hidden, s.eps, s.act_dtype);
+    return rmsnorm(residual_.data(), weight, normed_.data(), tokens, s.hidden, s.eps, s.act_dtype);
+  }
+  for (int64_t t = 0; t < tokens; ++t) {
+    uint8_t* residual = residual_.data() + t * row_bytes;
+    uint8_t* normed = normed_.data() + t * row_bytes;
+    if (add)
+      add_rmsnorm(delta_.data() + t * row_bytes, residual, weight, normed, 1, s.hidden, s.eps, s.act_dtype);
+    else
+      rmsnorm(residual, weight, normed, 1, s.hidden, s.eps, s.act_dtype);
+    quantize_row(consumer, normed, t);
+  }
+}
+
+// act_ = silu(gate) * up, quantized row by row for `consumer`.
+void ForwardPlan::silu_mul_for(const Linear& consumer, int64_t tokens) {
+  const Shape& s = shape;
+  if (consumer.kind == LinearKind::dense) return silu_mul(gate_up_.data(), act_.data(), tokens, s.intermediate, s.act_dtype);
+  const size_t e = element_bytes(s.act_dtype);
+  for (int64_t t = 0; t < tokens; ++t) {
+    uint8_t* act = act_.data() + t * s.intermediate * e;
+    silu_mul(gate_up_.data() + t * 2 * s.intermediate * e, act, 1, s.intermediate, s.act_dtype);
+    quantize_row(consumer, act, t);
+  }
+}
+
 // x *= factor or x /= factor, rounded to the activation dtype the way torch treats a Python scalar.
 void ForwardPlan::scale_rows(void* x, int64_t count, float factor, bool divide) {
   if (shape.act_dtype == DType::f32) {
@@ -117,11 +177,8 @@ void ForwardPlan::run_layer(const Layer& L, int64_t tokens, bool first) {
   const Shape& s = shape;
   const DType dt = s.act_dtype;
   const int64_t d = s.head_dim, qkv_width = (s.num_heads + 2 * s.num_kv_heads) * d;
-  if (first)
-    rmsnorm(residual_.data(), L.input_norm, normed_.data(), tokens, s.hidden, s.eps, dt);
-  else
-    add_rmsnorm(delta_.data(), residual_.data(), L.input_norm, normed_.data(), tokens, s.hidden, s.eps, dt);
-  linear(L.qkv, normed_.data(), tokens, qkv_.data(), dt);
+  norm_for(L.qkv, L.input_norm, tokens, !first);
+  consume(L.qkv, normed_.data(), tokens, qkv_.data());
 
   const void* rope_input = qkv_.data();
   if (L.q_norm) {  // Qwen3: q and k heads RMS-normalised before RoPE
@@ -162,10 +219,10 @@ void ForwardPlan::run_layer(const Layer& L, int64_t tokens, bool first) {
 
   linear(L.o, attn_.data(), tokens, delta_.data(), dt);
   if (s.residual_scale != 1.0f) scale_rows(delta_.data(), tokens * s.hidden, s.residual_scale, false);
-  add_rmsnorm(delta_.data(), residual_.data(), L.post_attention_norm, normed_.data(), tokens, s.hidden, s.eps, dt);
-  linear(L.gate_up, normed_.data(), tokens, gate_up_.data(), dt);
-  silu_mul(gate_up_.data(), act_.data(), tokens, s.intermediate, dt);
-  linear(L.down, act_.data(), tokens, delta_.data(), dt);
+  norm_for(L.gate_up, L.post_attention_norm, tokens, true);
+  consume(L.gate_up, normed_.data(), tokens, gate_up_.data());
+  silu_mul_for(L.down, tokens);
+  consume(L.down, act_.data(), tokens, delta_.data());
   if (s.residual_scale != 1.0f) scale_rows(delta_.data(), tokens * s.hidden, s.residual_scale, false);
 }
 

@@ -83,12 +83,23 @@ class ForwardPlan {
   void prepare_step(int64_t num_seqs, int64_t num_tokens);
   void run_layer(const Layer& layer, int64_t tokens, bool first);
   void linear(const Linear& l, const void* x, int64_t rows, void* out, DType out_dtype);
+  // Producer steps that hand a quantized linear its input already quantized: each row is
+  // quantized right after it is written, while it is in L1 (same values as quantizing later).
+  void norm_for(const Linear& consumer, const void* weight, int64_t tokens, bool add);
+  void silu_mul_for(const Linear& consumer, int64_t tokens);
+  void quantize_row(const Linear& consumer, const void* x, int64_t row);
+  void consume(const Linear& l, const void* x, int64_t rows, void* out);
   void scale_rows(void* x, int64_t count, float factor, bool divide);
 
   // Workspaces; sized for max_tokens rows (activation dtype unless noted).
   std::vector<uint8_t> residual_, delta_, normed_, qkv_, qk_normed_, q_, attn_, gate_up_, act_;
   std::vector<uint8_t> final_delta_, final_residual_, final_normed_;  // (max_tokens, hidden): rows needing logits
   std::vector<float> cos_, sin_;  // (max_tokens, head_dim)
+  // Quantized input of the next quantized linear: (max_tokens, max_k) int8 rows, per-row scale and
+  // zero point (W4A8), (max_tokens, max_k / 32) group sums (W4A8).
+  std::vector<int8_t> act_q_;
+  std::vector<float> act_scale_;
+  std::vector<int32_t> act_zero_, act_group_sum_;
   std::vector<int64_t> slots_;  // (max_tokens,)
   std::vector<int32_t> query_start_, context_lens_, batch_tables_;  // (max_seqs + 1,), (max_seqs,), (max_seqs, width)
   int64_t table_width_ = 1, num_seqs_step_ = 0;  // this step's batch_tables_ columns and sequences
