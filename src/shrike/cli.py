@@ -19,7 +19,8 @@ def _add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-space", type=float, default=None, metavar="GIB",
                    help="KV-cache size in GiB (default: sized from free memory)")
     p.add_argument("--kernel-backend", default="auto", choices=["auto", "reference"],
-                   help="quantized layers on the compiled kernels (auto) or the bit-identical PyTorch reference")
+                   help="every op on the compiled kernels, as one compiled forward per step (auto), or on its PyTorch "
+                   "reference in the eager Python model (reference)")
     p.add_argument("--cpu-threads", type=int, default=None, help="compute threads (default: one per fast core)")
     p.add_argument("--cpu-bind", default=None, metavar="LIST",
                    help="cores to compute on, e.g. 0,1,6-11 (default: the fastest class of usable cores)")

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from shrike import _C
+from shrike.layers.rotary import apply_rotary
 from shrike.registry import Registry
 
 # The op names, in the order a decoder step runs them.
@@ -46,22 +47,14 @@ def add_rmsnorm_reference(x: torch.Tensor, residual: torch.Tensor, weight: torch
     rmsnorm_reference(residual, weight, out, eps)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: (T, heads, head_dim); cos/sin: (T, head_dim) fp32. Rotate-half convention."""
-    cos = cos.to(x.dtype)[:, None, :]
-    sin = sin.to(x.dtype)[:, None, :]
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
-
-
 def rope_write_kv_reference(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slot_mapping: torch.Tensor,
                             q_out: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor) -> None:
     """Rotate q and k of qkv (T, (H + 2*Hkv) * D); q to q_out (T, H, D), k and v into the caches."""
     tokens, heads, head_dim = q_out.shape
     kv_heads = key_cache.shape[1]
     q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
-    q_out.copy_(_rotate(q.reshape(tokens, heads, head_dim), cos, sin))
-    key_cache[slot_mapping] = _rotate(k.reshape(tokens, kv_heads, head_dim), cos, sin).to(key_cache.dtype)
+    q_out.copy_(apply_rotary(q.reshape(tokens, heads, head_dim), cos, sin))
+    key_cache[slot_mapping] = apply_rotary(k.reshape(tokens, kv_heads, head_dim), cos, sin).to(key_cache.dtype)
     value_cache[slot_mapping] = v.reshape(tokens, kv_heads, head_dim).to(value_cache.dtype)
 
 

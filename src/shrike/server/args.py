@@ -66,7 +66,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-cache-space", type=_positive_float, default=None, metavar="GIB",
                         help="KV-cache size in GiB (default: sized from free memory)")
     parser.add_argument("--kernel-backend", default="auto", choices=["auto", "reference"],
-                        help="quantized layers on the compiled kernels (auto) or the bit-identical PyTorch reference")
+                        help="every op on the compiled kernels, as one compiled forward per step (auto), or on its PyTorch "
+                        "reference in the eager Python model (reference)")
     parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "bfloat16", "float32"],
                         help="KV-cache element type (default: the activations' dtype)")
     parser.add_argument("--cpu-threads", type=int, default=None, help="compute threads (default: one per fast core)")
