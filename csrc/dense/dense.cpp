@@ -15,6 +15,12 @@ namespace {
 using DenseBlock = void (*)(const DenseProblem&, int64_t, int64_t, int64_t, int64_t);
 
 DenseBlock dense_kernel() {
+#if defined(SHRIKE_X86)
+  if (isa_at_least(Isa::avx512bf16)) return avx512bf16::dense_block;
+  if (isa_at_least(Isa::avx2)) return avx2::dense_block;
+#elif defined(SHRIKE_AARCH64)
+  if (isa_at_least(Isa::dotprod)) return dotprod::dense_block;
+#endif
   return ref::dense_block;
 }
 

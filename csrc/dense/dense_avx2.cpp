@@ -44,15 +44,15 @@ void block(const DenseProblem& p, int64_t r0, int64_t c0) {
   const XT* x = static_cast<const XT*>(p.x) + r0 * p.k;
   const WT* w = static_cast<const WT*>(p.w) + c0 * p.k;
   __m256 lo[RB][CB], hi[RB][CB];
-  for (int r = 0; r < RB; ++r)
-    for (int c = 0; c < CB; ++c) lo[r][c] = hi[r][c] = _mm256_setzero_ps();
+  SHRIKE_UNROLL for (int r = 0; r < RB; ++r)
+    SHRIKE_UNROLL for (int c = 0; c < CB; ++c) lo[r][c] = hi[r][c] = _mm256_setzero_ps();
   auto step = [&](auto x_at, auto w_at) {
-    for (int half = 0; half < 2; ++half) {
+    SHRIKE_UNROLL for (int half = 0; half < 2; ++half) {
       Pairs xp[RB];
-      for (int r = 0; r < RB; ++r) xp[r] = load_pairs(x_at(r) + 16 * half);
-      for (int c = 0; c < CB; ++c) {
+      SHRIKE_UNROLL for (int r = 0; r < RB; ++r) xp[r] = load_pairs(x_at(r) + 16 * half);
+      SHRIKE_UNROLL for (int c = 0; c < CB; ++c) {
         Pairs wp = load_pairs(w_at(c) + 16 * half);
-        for (int r = 0; r < RB; ++r) {
+        SHRIKE_UNROLL for (int r = 0; r < RB; ++r) {
           __m256& acc = half ? hi[r][c] : lo[r][c];
           acc = _mm256_fmadd_ps(xp[r].odd, wp.odd, acc);
           acc = _mm256_fmadd_ps(xp[r].even, wp.even, acc);
@@ -68,12 +68,12 @@ void block(const DenseProblem& p, int64_t r0, int64_t c0) {
     // The last, partial block copied into zero-padded rows.
     XT xt[RB][kDenseBlockK] = {};
     WT wt[CB][kDenseBlockK] = {};
-    for (int r = 0; r < RB; ++r) std::memcpy(xt[r], x + r * p.k + full, rest * sizeof(XT));
-    for (int c = 0; c < CB; ++c) std::memcpy(wt[c], w + c * p.k + full, rest * sizeof(WT));
+    SHRIKE_UNROLL for (int r = 0; r < RB; ++r) std::memcpy(xt[r], x + r * p.k + full, rest * sizeof(XT));
+    SHRIKE_UNROLL for (int c = 0; c < CB; ++c) std::memcpy(wt[c], w + c * p.k + full, rest * sizeof(WT));
     step([&](int r) { return static_cast<const XT*>(xt[r]); }, [&](int c) { return static_cast<const WT*>(wt[c]); });
   }
-  for (int r = 0; r < RB; ++r)
-    for (int c = 0; c < CB; ++c) dense_store(p, r0 + r, c0 + c, reduce8(_mm256_add_ps(lo[r][c], hi[r][c])));
+  SHRIKE_UNROLL for (int r = 0; r < RB; ++r)
+    SHRIKE_UNROLL for (int c = 0; c < CB; ++c) dense_store(p, r0 + r, c0 + c, reduce8(_mm256_add_ps(lo[r][c], hi[r][c])));
 }
 
 // One row (decode) gets a wider output block; more rows reuse each weight load across rows.

@@ -18,6 +18,10 @@
 
 namespace shrike {
 
+// Before each loop over a register block: fully unrolled, the accumulators stay in registers
+// (GCC otherwise keeps a stack copy of them up to date on every step).
+#define SHRIKE_UNROLL _Pragma("GCC unroll 16")
+
 constexpr int64_t kDenseBlockK = 32;
 constexpr int kDenseLanes = 16;
 

@@ -1,5 +1,5 @@
-// Checks every available kernel variant against the scalar reference, bit for bit, on random
-// data over many shapes (the idea of ggml's test-backend-ops). Built without Python so the
+// Checks every available kernel variant (low-bit and dense linears) against the scalar
+// reference, bit for bit, on random data over many shapes (the idea of ggml's test-backend-ops). Built without Python so the
 // Arm variants can run under qemu-user.
 //
 //   linear_consistency [--isa NAME] [--expect NAME,NAME] [--quick]
@@ -18,6 +18,7 @@
 
 #include "common/bf16.h"
 #include "common/isa.h"
+#include "dense/dense.h"
 #include "linear/layout.h"
 #include "linear/linear.h"
 #include "linear/repack.h"
@@ -211,6 +212,45 @@ void check_all(const std::vector<Isa>& isas, bool quick, std::vector<Tally>& tal
   }
 }
 
+// dense_linear: every variant equals the reference for each dtype combination, and each row of
+// a batched call equals the row computed alone (batch invariance).
+void check_dense(const std::vector<Isa>& isas, bool quick, std::vector<Tally>& tallies) {
+  const std::vector<Shape> shapes = {{13, 33}, {40, 100}, {64, 576}, {7, 2048}, {300, 1100}};
+  const std::vector<int64_t> ms = quick ? std::vector<int64_t>{1, 5} : std::vector<int64_t>{1, 2, 5, 17};
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (Shape s : shapes) {
+    std::vector<float> w(s.n * s.k), bias(s.n);
+    for (auto& v : w) v = 0.05f * normal(rng);
+    for (auto& v : bias) v = normal(rng);
+    for (int64_t m : ms) {
+      std::vector<float> x = activations(m, s.k);
+      for (int variant = 0; variant < 8; ++variant) {
+        DType xt = variant & 1 ? DType::bf16 : DType::f32, wt = variant & 2 ? DType::bf16 : DType::f32;
+        DType ot = variant & 4 ? DType::bf16 : DType::f32;
+        std::vector<uint8_t> xin = as_input(x, xt), win = as_input(w, wt);
+        size_t out_bytes = ot == DType::f32 ? 4 : 2;
+        std::string name = "dense M=" + std::to_string(m) + " N=" + std::to_string(s.n) + " K=" + std::to_string(s.k) +
+                           " variant=" + std::to_string(variant);
+        const float* b = variant & 1 ? nullptr : bias.data();
+        compare(tallies, isas, m * s.n * out_bytes, name, [&](void* out) {
+          dense_linear(xin.data(), xt, m, s.k, win.data(), wt, s.n, b, out, ot);
+        });
+        for (size_t i = 0; i < isas.size() && m > 1 && variant % 3 == 0; ++i) {
+          set_active_isa(isa_name(isas[i]));
+          std::vector<uint8_t> batched(m * s.n * out_bytes), alone(s.n * out_bytes);
+          dense_linear(xin.data(), xt, m, s.k, win.data(), wt, s.n, b, batched.data(), ot);
+          size_t x_row = s.k * (xt == DType::f32 ? 4 : 2);
+          for (int64_t r = 0; r < m; ++r) {
+            dense_linear(xin.data() + r * x_row, xt, 1, s.k, win.data(), wt, s.n, b, alone.data(), ot);
+            expect_equal(tallies[i], batched.data() + r * s.n * out_bytes, alone.data(), alone.size(),
+                         std::string(isa_name(isas[i])) + " " + name + " row " + std::to_string(r) + " alone");
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -254,6 +294,7 @@ int main(int argc, char** argv) {
   std::vector<Tally> tallies(isas.size());
   Tally packing;
   check_all(isas, quick, tallies, packing);
+  check_dense(isas, quick, tallies);
   std::printf("%-8s %5d checks, %d mismatches\n", "repack", packing.checks, packing.failures);
   failures += packing.failures;
   for (size_t i = 0; i < isas.size(); ++i) {

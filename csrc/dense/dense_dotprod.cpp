@@ -1,0 +1,105 @@
+// aarch64 NEON: bf16 widened to fp32 (exact) and multiplied with FMA. A block's 16 accumulator
+// lanes (dense_kernels.h) live in four registers, lane j in register j / 4.
+#include <arm_neon.h>
+
+#include <cstring>
+
+#include "dense/dense_kernels.h"
+
+namespace shrike::dotprod {
+
+namespace {
+
+struct Pairs {
+  float32x4_t odd, even;
+};
+
+// Pairs 4q .. 4q + 3 of the block starting at p.
+inline Pairs load_pairs(const bf16* p, int q) {
+  uint32x4_t v = vreinterpretq_u32_u16(vld1q_u16(p + 8 * q));
+  return {vreinterpretq_f32_u32(vandq_u32(v, vdupq_n_u32(0xffff0000u))), vreinterpretq_f32_u32(vshlq_n_u32(v, 16))};
+}
+
+inline Pairs load_pairs(const float* p, int q) {
+  float32x4x2_t v = vld2q_f32(p + 8 * q);  // val[0] = even elements, val[1] = odd
+  return {v.val[1], v.val[0]};
+}
+
+// Lane j += lane j + 8, + 4, + 2, + 1.
+inline float reduce16(const float32x4_t acc[4]) {
+  float32x4_t a = vaddq_f32(acc[0], acc[2]), b = vaddq_f32(acc[1], acc[3]);
+  float32x4_t s = vaddq_f32(a, b);
+  float32x2_t t = vadd_f32(vget_low_f32(s), vget_high_f32(s));
+  return vget_lane_f32(t, 0) + vget_lane_f32(t, 1);
+}
+
+template <int RB, int CB, typename XT, typename WT>
+void block(const DenseProblem& p, int64_t r0, int64_t c0) {
+  const XT* x = static_cast<const XT*>(p.x) + r0 * p.k;
+  const WT* w = static_cast<const WT*>(p.w) + c0 * p.k;
+  float32x4_t acc[RB][CB][4];
+  SHRIKE_UNROLL for (int r = 0; r < RB; ++r)
+    SHRIKE_UNROLL for (int c = 0; c < CB; ++c)
+      SHRIKE_UNROLL for (int q = 0; q < 4; ++q) acc[r][c][q] = vdupq_n_f32(0.f);
+  auto step = [&](auto x_at, auto w_at) {
+    SHRIKE_UNROLL for (int q = 0; q < 4; ++q) {
+      Pairs xp[RB];
+      SHRIKE_UNROLL for (int r = 0; r < RB; ++r) xp[r] = load_pairs(x_at(r), q);
+      SHRIKE_UNROLL for (int c = 0; c < CB; ++c) {
+        Pairs wp = load_pairs(w_at(c), q);
+        SHRIKE_UNROLL for (int r = 0; r < RB; ++r) {
+          acc[r][c][q] = vfmaq_f32(acc[r][c][q], xp[r].odd, wp.odd);
+          acc[r][c][q] = vfmaq_f32(acc[r][c][q], xp[r].even, wp.even);
+        }
+      }
+    }
+  };
+  int64_t full = p.k / kDenseBlockK * kDenseBlockK;
+  for (int64_t b = 0; b < full; b += kDenseBlockK)
+    step([&](int r) { return x + r * p.k + b; }, [&](int c) { return w + c * p.k + b; });
+  if (full < p.k) {
+    // The last, partial block copied into zero-padded rows.
+    int64_t rest = p.k - full;
+    XT xt[RB][kDenseBlockK] = {};
+    WT wt[CB][kDenseBlockK] = {};
+    SHRIKE_UNROLL for (int r = 0; r < RB; ++r) std::memcpy(xt[r], x + r * p.k + full, rest * sizeof(XT));
+    SHRIKE_UNROLL for (int c = 0; c < CB; ++c) std::memcpy(wt[c], w + c * p.k + full, rest * sizeof(WT));
+    step([&](int r) { return static_cast<const XT*>(xt[r]); }, [&](int c) { return static_cast<const WT*>(wt[c]); });
+  }
+  SHRIKE_UNROLL for (int r = 0; r < RB; ++r)
+    SHRIKE_UNROLL for (int c = 0; c < CB; ++c) dense_store(p, r0 + r, c0 + c, reduce16(acc[r][c]));
+}
+
+// 2 rows x 2 outputs use 16 accumulator registers of the 32; one row takes 4 outputs.
+template <typename XT, typename WT>
+void typed(const DenseProblem& p, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+  if (r1 - r0 == 1) {
+    int64_t c = c0;
+    for (; c + 4 <= c1; c += 4) block<1, 4, XT, WT>(p, r0, c);
+    for (; c < c1; ++c) block<1, 1, XT, WT>(p, r0, c);
+    return;
+  }
+  int64_t c = c0;
+  for (; c + 2 <= c1; c += 2) {
+    int64_t r = r0;
+    for (; r + 2 <= r1; r += 2) block<2, 2, XT, WT>(p, r, c);
+    if (r < r1) block<1, 2, XT, WT>(p, r, c);
+  }
+  if (c < c1) {
+    int64_t r = r0;
+    for (; r + 2 <= r1; r += 2) block<2, 1, XT, WT>(p, r, c);
+    if (r < r1) block<1, 1, XT, WT>(p, r, c);
+  }
+}
+
+}  // namespace
+
+void dense_block(const DenseProblem& p, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+  bool xf = p.x_dtype == DType::f32, wf = p.w_dtype == DType::f32;
+  if (xf && wf) return typed<float, float>(p, r0, r1, c0, c1);
+  if (xf) return typed<float, bf16>(p, r0, r1, c0, c1);
+  if (wf) return typed<bf16, float>(p, r0, r1, c0, c1);
+  typed<bf16, bf16>(p, r0, r1, c0, c1);
+}
+
+}  // namespace shrike::dotprod
