@@ -148,8 +148,8 @@ def _cpu_seconds(pid: int) -> float:
 def test_an_idle_server_uses_almost_no_cpu(default_model_dir, tmp_path):
     """After serving a request, the kernel workers and the engine loop go to sleep."""
     with running_server(default_model_dir, tmp_path / "serve.log") as server:
-        response = httpx.post(f"{server.base_url}/v1/completions", timeout=60,
-                              json={"model": SERVED_NAME, "prompt": "Hello", "max_tokens": 8})
+        response = httpx.post(f"{server.base_url}/v1/completions", timeout=120,
+                              json={"model": SERVED_NAME, "prompt": "Hello", "max_tokens": 4})
         assert response.status_code == 200
         time.sleep(1.0)
         window = 3.0
