@@ -19,6 +19,20 @@ void add_rmsnorm(const Array& x, Array& residual, const Array& weight, Array& ou
   shrike::add_rmsnorm(x.data(), residual.data(), weight.data(), out.data(), dim(x, 0), dim(x, 1), eps, dt);
 }
 
+void embedding(const Array& token_ids, const Array& table, Array& out, float scale) {
+  const std::string op = "embedding";
+  shrike::DType dt = float_dtype(table, op, "table");
+  require(float_dtype(out, op, "out") == dt, op, "table and out must share one dtype");
+  require(token_ids.dtype() == nb::dtype<int64_t>() && token_ids.ndim() == 1, op, "token_ids must be (T,) int64");
+  require(table.ndim() == 2 && out.ndim() == 2 && dim(out, 0) == dim(token_ids, 0) && dim(out, 1) == dim(table, 1), op,
+          "expected table (vocab, dim) and out (T, dim)");
+  const int64_t* ids = static_cast<const int64_t*>(token_ids.data());
+  const int64_t tokens = dim(token_ids, 0), vocab = dim(table, 0);
+  for (int64_t t = 0; t < tokens; ++t) require(0 <= ids[t] && ids[t] < vocab, op, "token id outside the table");
+  nb::gil_scoped_release release;
+  shrike::embedding(ids, tokens, table.data(), dim(table, 1), out.data(), scale, dt);
+}
+
 void silu_mul(const Array& gate_up, Array& out) {
   const std::string op = "silu_mul";
   shrike::DType dt = float_dtype(gate_up, op, "gate_up");
@@ -71,6 +85,8 @@ void rope_write_kv(const Array& qkv, const Array& cos, const Array& sin, const A
 void bind_fused(nb::module_& m) {
   m.def("add_rmsnorm", &add_rmsnorm, nb::arg("x"), nb::arg("residual").noconvert(), nb::arg("weight"), nb::arg("out").noconvert(),
         nb::arg("eps"), "residual += x; out = rmsnorm(residual) * weight.");
+  m.def("embedding", &embedding, nb::arg("token_ids"), nb::arg("table"), nb::arg("out").noconvert(), nb::arg("scale"),
+        "out = table[token_ids] * scale (the multiply only when scale != 1).");
   m.def("silu_mul", &silu_mul, nb::arg("gate_up"), nb::arg("out").noconvert(), "out = silu(gate) * up for gate_up = [gate | up].");
   m.def("rope_write_kv", &rope_write_kv, nb::arg("qkv"), nb::arg("cos"), nb::arg("sin"), nb::arg("slot_mapping"),
         nb::arg("q_out").noconvert(), nb::arg("key_cache").noconvert(), nb::arg("value_cache").noconvert(),

@@ -13,7 +13,7 @@ import torch
 
 from shrike.errors import ConfigError
 from shrike.eval_ppl import sequence_logits
-from shrike.layers.lm_head import DenseLMHead, Int8LMHead, int8_lm_head, quantize_rows_int8
+from shrike.layers.lm_head import Int8LMHead, int8_lm_head, quantize_rows_int8
 from shrike.model.loader import load_model
 
 TEXTS = ["tests/data/public_domain_english.txt", "tests/data/calibration_bill_of_rights.txt"]
@@ -28,14 +28,15 @@ def loaded(default_model_dir):
 
 
 class RecordingHead:
-    """Stands in for the lm_head to keep the final hidden states, so both heads score one forward pass."""
+    """Stands in for the model's compute_logits to keep the final hidden states, so both heads score one
+    forward pass."""
 
-    def __init__(self, head: DenseLMHead):
-        self.head, self.hidden = head, []
+    def __init__(self, compute_logits):
+        self.compute_logits, self.hidden = compute_logits, []
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         self.hidden.append(hidden.clone())
-        return self.head(hidden)
+        return self.compute_logits(hidden)
 
 
 def score(logits: torch.Tensor, targets: torch.Tensor) -> tuple[float, torch.Tensor]:
@@ -45,8 +46,7 @@ def score(logits: torch.Tensor, targets: torch.Tensor) -> tuple[float, torch.Ten
 @pytest.mark.parametrize("text", TEXTS)
 def test_int8_head_stays_within_the_measured_perplexity_and_agreement_bounds(loaded, text):
     model = loaded.model
-    dense_head = model.lm_head
-    int8_head = int8_lm_head(dense_head.weight, loaded.model_dir, "auto")
+    int8_head = int8_lm_head(model.lm_head, loaded.model_dir, "auto")
     ids = loaded.tokenizer.encode(open(text, encoding="utf-8").read(), add_special_tokens=False)
     nll = {"bf16": 0.0, "int8": 0.0}
     agree = scored = 0
@@ -55,7 +55,7 @@ def test_int8_head_stays_within_the_measured_perplexity_and_agreement_bounds(loa
             chunk = ids[start:start + CONTEXT]
             if len(chunk) < 2:
                 break
-            model.lm_head = recorder = RecordingHead(dense_head)
+            model.compute_logits = recorder = RecordingHead(type(model).compute_logits.__get__(model))
             with torch.inference_mode():
                 logits = sequence_logits(model, chunk)[:-1]
                 targets = torch.tensor(chunk[1:])
@@ -66,7 +66,7 @@ def test_int8_head_stays_within_the_measured_perplexity_and_agreement_bounds(loa
             agree += int((greedy_bf16 == greedy_int8).sum())
             scored += len(targets)
     finally:
-        model.lm_head = dense_head
+        model.__dict__.pop("compute_logits", None)
     ppl = {name: torch.tensor(value / scored).exp().item() for name, value in nll.items()}
     increase = ppl["int8"] / ppl["bf16"] - 1
     assert scored > 500
@@ -76,7 +76,7 @@ def test_int8_head_stays_within_the_measured_perplexity_and_agreement_bounds(loa
 
 
 def test_int8_head_comes_from_the_repack_cache_and_matches_its_reference(loaded):
-    weight = loaded.model.lm_head.weight  # (vocab, hidden) bf16, tied to the embeddings
+    weight = loaded.model.lm_head  # (vocab, hidden) bf16, tied to the embeddings
     first = int8_lm_head(weight, loaded.model_dir, "auto")
     again = int8_lm_head(weight, loaded.model_dir, "auto")  # served from the cache entry written by `first`
     assert torch.equal(first.weight.packed, again.weight.packed)
@@ -91,6 +91,6 @@ def test_int8_head_comes_from_the_repack_cache_and_matches_its_reference(loaded)
 
 def test_the_flag_loads_an_int8_head_and_rejects_unknown_values(default_model_dir):
     model = load_model(str(default_model_dir), progress=False, lm_head_quant="int8").model
-    assert isinstance(model.lm_head, Int8LMHead)
+    assert isinstance(model.lm_head_int8, Int8LMHead)
     with pytest.raises(ConfigError, match="--lm-head-quant 'int4' is not known; use none or int8"):
         load_model(str(default_model_dir), progress=False, lm_head_quant="int4")

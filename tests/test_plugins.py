@@ -171,14 +171,70 @@ def test_plugin_hooks_run_a_real_model(example_plugin, tmp_path, default_model_d
     raw.update(architectures=["ToyForCausalLM"], quantization_config={"quant_method": "toy-absmax-int8"})
     (tmp_path / "config.json").write_text(json.dumps(raw))
 
-    calls_before = example_plugin.rmsnorm.calls
+    calls_before = example_plugin.rmsnorm.calls, example_plugin.dense_linear.calls
     engine = LLMEngine(EngineConfig(model=str(tmp_path), dtype="float32", max_model_len=64, progress=False))
     model = engine.runner.model
     assert isinstance(model, example_plugin.ToyForCausalLM)
     assert isinstance(model.layers[0].qkv_proj, example_plugin.AbsmaxInt8Linear)
+    assert engine.runner.compiled is None  # a plugin's architecture runs its own Python forward
     (out,) = engine.generate([[1, 2, 3]], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))[0]
     assert len(out.token_ids) == 4
-    assert example_plugin.rmsnorm.calls > calls_before
+    assert example_plugin.rmsnorm.calls > calls_before[0]
+    assert example_plugin.dense_linear.calls >= calls_before[1] + 4  # the lm_head of every step
+
+
+def test_plugin_ops_run_a_quantized_model_eagerly(example_plugin, tmp_path):
+    """The example plugin replaces rmsnorm too, so the model runs its eager forward through the op
+    table, and the plugin's dense_linear computes every step's logits."""
+    from shrike.engine.llm_engine import EngineConfig, LLMEngine
+    from shrike.sampling.params import SamplingParams
+    from shrike.synth import synthesize
+
+    synthesize(tmp_path / "tiny", "tiny", "w4a8-g128", progress=False)
+    calls_before = example_plugin.dense_linear.calls
+    engine = LLMEngine(EngineConfig(model=str(tmp_path / "tiny"), max_model_len=64, progress=False))
+    assert engine.runner.model.ops.chosen["dense_linear"].provider == "example"
+    assert engine.runner.compiled is None and "rmsnorm resolves to plugin" in engine.runner.plan_blocker
+    (out,) = engine.generate([[1, 2, 3]], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))[0]
+    assert len(out.token_ids) == 3
+    assert example_plugin.dense_linear.calls == calls_before + 3
+
+
+def test_a_plugin_dense_linear_alone_is_called_back_by_the_compiled_forward(tmp_path, monkeypatch):
+    """Every other op built in: the layers stay compiled and the plugin's op computes the logits."""
+    from shrike.engine.llm_engine import EngineConfig, LLMEngine
+    from shrike.model import loader
+    from shrike.ops import dense_linear_reference
+    from shrike.sampling.params import SamplingParams
+    from shrike.synth import synthesize
+
+    calls = []
+
+    def counting_dense_linear(x, weight, bias, out):
+        calls.append(x.shape[0])
+        dense_linear_reference(x, weight, bias, out)
+
+    def registry_with_the_plugin_op():
+        registry = build_registry(environ={"SHRIKE_PLUGINS": ""})
+        PluginRegistrar(registry, "dense-only").register_op("dense_linear", counting_dense_linear)
+        return registry
+
+    monkeypatch.setattr(loader, "build_registry", registry_with_the_plugin_op)
+    synthesize(tmp_path / "tiny", "tiny", "w4a8-g128", progress=False)
+    engine = LLMEngine(EngineConfig(model=str(tmp_path / "tiny"), max_model_len=64, progress=False))
+    assert engine.runner.compiled is not None and not engine.runner.compiled.lm_head_in_plan
+    (out,) = engine.generate([[1, 2, 3]], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))[0]
+    assert len(out.token_ids) == 3
+    assert calls == [1, 1, 1]  # the lm_head of each step, on the one row that needs logits
+
+
+def test_a_plugin_op_that_does_not_exist_names_the_known_ops():
+    registry = Registry()
+    register_builtin_ops(registry)
+    PluginRegistrar(registry, "typo").register_op("rms_norm", rmsnorm_reference)
+    with pytest.raises(ConfigError, match=r"plugin typo registers op 'rms_norm', which does not exist; "
+                                          r"known ops: add_rmsnorm, dense_linear, embedding, paged_attention"):
+        registry.op_table()
 
 
 def test_unknown_quantization_method_names_the_supported_ones():

@@ -5,6 +5,7 @@ Also home of `running_server`, which the other test_server_* modules use to star
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import socket
 import subprocess
@@ -137,3 +138,22 @@ def test_taken_port_is_one_line():
     assert result.stderr.strip().splitlines() == [
         f"shrike serve: error: cannot listen on 127.0.0.1:{port}: Address already in use; "
         "choose another --host or --port"]
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def test_an_idle_server_uses_almost_no_cpu(default_model_dir, tmp_path):
+    """After serving a request, the kernel workers and the engine loop go to sleep."""
+    with running_server(default_model_dir, tmp_path / "serve.log") as server:
+        response = httpx.post(f"{server.base_url}/v1/completions", timeout=120,
+                              json={"model": SERVED_NAME, "prompt": "Hello", "max_tokens": 4})
+        assert response.status_code == 200
+        time.sleep(1.0)
+        window = 3.0
+        before = _cpu_seconds(server.process.pid)
+        time.sleep(window)
+        used_ms_per_s = (_cpu_seconds(server.process.pid) - before) * 1000 / window
+    assert used_ms_per_s < 20, f"idle server used {used_ms_per_s:.1f} ms of CPU per second"

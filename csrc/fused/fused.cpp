@@ -3,6 +3,7 @@
 #include "fused/fused.h"
 
 #include <cmath>
+#include <cstring>
 
 #include "common/bf16.h"
 #include "norm/rmsnorm.h"
@@ -81,6 +82,21 @@ void add_rmsnorm(const void* x, void* residual, const void* weight, void* out, i
   else
     add_typed(static_cast<const bf16*>(x), static_cast<bf16*>(residual), rows * dim);
   rmsnorm(residual, weight, out, rows, dim, eps, dtype);
+}
+
+void embedding(const int64_t* token_ids, int64_t tokens, const void* table, int64_t dim, void* out, float scale,
+               DType dtype) {
+  const size_t row = dim * (dtype == DType::f32 ? 4 : 2);
+  for (int64_t t = 0; t < tokens; ++t)
+    std::memcpy(static_cast<char*>(out) + t * row, static_cast<const char*>(table) + token_ids[t] * row, row);
+  if (scale == 1.0f) return;
+  if (dtype == DType::f32) {
+    float* v = static_cast<float*>(out);
+    for (int64_t i = 0; i < tokens * dim; ++i) v[i] *= scale;
+  } else {
+    bf16* v = static_cast<bf16*>(out);
+    for (int64_t i = 0; i < tokens * dim; ++i) v[i] = float_to_bf16(bf16_to_float(v[i]) * scale);
+  }
 }
 
 void silu_mul(const void* gate_up, void* out, int64_t rows, int64_t width, DType dtype) {

@@ -12,6 +12,11 @@ namespace shrike {
 void add_rmsnorm(const void* x, void* residual, const void* weight, void* out, int64_t rows, int64_t dim, float eps,
                  DType dtype);
 
+// out[t] = table[token_ids[t]] (* scale, rounded to dtype as torch multiplies by a Python float,
+// when scale != 1).  token_ids: (tokens,) in range; table: (vocab, dim); out: (tokens, dim)
+void embedding(const int64_t* token_ids, int64_t tokens, const void* table, int64_t dim, void* out, float scale,
+               DType dtype);
+
 // out = silu(gate) * up, with gate_up = [gate | up] per row.  gate_up: (rows, 2*width); out: (rows, width)
 void silu_mul(const void* gate_up, void* out, int64_t rows, int64_t width, DType dtype);
 

@@ -188,4 +188,35 @@ void w8a8_linear(const void* x, DType x_dtype, int64_t m, int64_t k, const uint8
   run_tiles(p, kernel);
 }
 
+// The activations arrive quantized (q, scales and sums); what only some kernels read is derived
+// here: AMX activation tiles, and W8A8 row sums when the caller left x_sum null.
+void w4a8_linear_quantized(const W4A8Problem& problem) {
+  if (problem.m == 0 || problem.n == 0) return;
+  W4A8Problem p = problem;
+  Workspace& ws = workspace();
+  if (!p.q_tiles && variant_isa(p.m, p.k, p.group) == Isa::amx) {
+    ws.q_tiles.resize(p.m / 16 * 16 * p.k);
+    pack_activation_tiles(p.q, 0, p.m, p.k, ws.q_tiles.data());
+    p.q_tiles = ws.q_tiles.data();
+  }
+  run_tiles(p, w4a8_kernel(p.m, p.k, p.group));
+}
+
+void w8a8_linear_quantized(const W8A8Problem& problem) {
+  if (problem.m == 0 || problem.n == 0) return;
+  W8A8Problem p = problem;
+  Workspace& ws = workspace();
+  if (!p.x_sum) {
+    ws.sum.resize(p.m);
+    for (int64_t i = 0; i < p.m; ++i) ws.sum[i] = row_sum(p.q + i * p.k, p.k);
+    p.x_sum = ws.sum.data();
+  }
+  if (!p.q_tiles && variant_isa(p.m, p.k, 0) == Isa::amx) {
+    ws.q_tiles.resize(p.m / 16 * 16 * p.k);
+    pack_activation_tiles(p.q, 0, p.m, p.k, ws.q_tiles.data());
+    p.q_tiles = ws.q_tiles.data();
+  }
+  run_tiles(p, w8a8_kernel(p.m, p.k));
+}
+
 }  // namespace shrike

@@ -53,6 +53,11 @@ struct W8A8Problem {
   int64_t m, n, k;
 };
 
+// The GEMM alone, on activations quantized already (by the rule above, e.g. where they were
+// produced); w4a8_linear and w8a8_linear are quantize-then-this.
+void w4a8_linear_quantized(const W4A8Problem& p);
+void w8a8_linear_quantized(const W8A8Problem& p);
+
 // Each variant computes all m rows for output tiles [tile_begin, tile_end).
 #define SHRIKE_DECLARE_LINEAR_TILES                                              \
   void w4a8_tiles(const W4A8Problem& p, int64_t tile_begin, int64_t tile_end); \

@@ -24,6 +24,8 @@ inline void cpu_relax() {
 // token with short gaps, and a wake-up through the condition variable costs tens of us.
 constexpr auto kSpin = std::chrono::microseconds(100);
 
+std::atomic<int> g_spin_holders{0};  // live WorkerSpin objects
+
 class Pool {
  public:
   explicit Pool(int n, const std::vector<int>& cpus) : n_threads_(n < 1 ? 1 : n) {
@@ -87,6 +89,10 @@ class Pool {
       while (generation_.load(std::memory_order_acquire) == seen) {
         cpu_relax();
         if (++spins % 256 == 0 && std::chrono::steady_clock::now() > until) {
+          if (g_spin_holders.load(std::memory_order_relaxed) > 0) {
+            until = std::chrono::steady_clock::now() + kSpin;
+            continue;
+          }
           std::unique_lock<std::mutex> lock(mutex_);
           sleepers_.fetch_add(1);
           cv_.wait(lock, [&] { return generation_.load() != seen; });
@@ -145,6 +151,9 @@ void set_threads(int n, const std::vector<int>& cpus) {
 }
 
 int num_threads() { return pool().n_threads(); }
+
+WorkerSpin::WorkerSpin() { g_spin_holders.fetch_add(1); }
+WorkerSpin::~WorkerSpin() { g_spin_holders.fetch_sub(1); }
 
 void parallel_for(int64_t n_tasks, TaskFn fn, void* ctx) { pool().run(n_tasks, fn, ctx); }
 

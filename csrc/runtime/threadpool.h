@@ -14,6 +14,18 @@ int num_threads();
 // CPUs this process may run on (sched_getaffinity).
 std::vector<int> usable_cpus();
 
+// While one exists, pool workers spin between parallel_for calls instead of going to sleep after
+// a short while: a compiled forward step issues its ops back to back, and a worker woken through
+// the condition variable for each op would cost tens of microseconds. Workers sleep again
+// shortly after the last one is gone, so an idle engine uses no CPU.
+class WorkerSpin {
+ public:
+  WorkerSpin();
+  ~WorkerSpin();
+  WorkerSpin(const WorkerSpin&) = delete;
+  WorkerSpin& operator=(const WorkerSpin&) = delete;
+};
+
 using TaskFn = void (*)(void* ctx, int64_t task);
 // Runs fn(ctx, t) for every t in [0, n_tasks) on the pool and the calling thread; returns
 // when all are done. Nested or concurrent calls run on the calling thread alone.

@@ -19,7 +19,8 @@ def _add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-space", type=float, default=None, metavar="GIB",
                    help="KV-cache size in GiB (default: sized from free memory)")
     p.add_argument("--kernel-backend", default="auto", choices=["auto", "reference"],
-                   help="quantized layers on the compiled kernels (auto) or the bit-identical PyTorch reference")
+                   help="every op on the compiled kernels, as one compiled forward per step (auto), or on its PyTorch "
+                   "reference in the eager Python model (reference)")
     p.add_argument("--lm-head-quant", default="none", choices=["none", "int8"],
                    help="none: the lm_head keeps the checkpoint's precision (default); "
                    "int8: quantized per vocabulary row at load (half the bytes of bf16, slightly less accurate)")

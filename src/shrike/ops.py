@@ -1,8 +1,16 @@
-"""Shrike's own kernel ops, registered into every registry.
+"""Shrike's kernel ops: every op a Llama-family step runs, registered into every registry.
 
 Each op has the compiled kernel (dispatching to the active ISA inside ``shrike._C``) and a torch
-reference with the same calling convention: inputs, a preallocated output, then scalars.
+reference with the same calling convention: inputs, a preallocated output, then scalars. Both the
+eager model and the compiled forward (shrike.model.compiled) run the op table resolved from the
+registry at load (``Registry.op_table``), so a plugin that replaces an op is the one called.
+
+Linear ops take the weight object their format's loader built: ``kernels.W4A8Weight`` /
+``W8A8Weight`` with the kernel backend, the ``reference_kernels`` weights with
+``--kernel-backend reference``, and a (N, K) tensor for ``dense_linear``. Their bias is float32
+for the quantized formats and in the weight's dtype for dense layers.
 """
+from __future__ import annotations
 
 from __future__ import annotations
 
@@ -10,7 +18,21 @@ import torch
 import torch.nn.functional as F
 
 from shrike import _C
+from shrike.layers.rotary import apply_rotary
 from shrike.registry import Registry
+
+# The op names, in the order a decoder step runs them.
+OP_NAMES = ("embedding", "rmsnorm", "add_rmsnorm", "w4a8_linear", "w8a8_linear", "dense_linear", "rope_write_kv",
+            "paged_attention", "silu_mul")
+
+
+# References ---------------------------------------------------------------------------------
+
+def embedding_reference(token_ids: torch.Tensor, table: torch.Tensor, out: torch.Tensor, scale: float) -> None:
+    """out (T, hidden) = table[token_ids] (* scale, rounded to the table's dtype, when scale != 1)."""
+    torch.index_select(table, 0, token_ids, out=out)
+    if scale != 1.0:
+        out.mul_(scale)
 
 
 def rmsnorm_reference(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, eps: float) -> None:
@@ -18,6 +40,73 @@ def rmsnorm_reference(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, 
     x32 = x.float()
     normalized = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
     out.copy_(weight * normalized)
+
+
+def add_rmsnorm_reference(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
+                          eps: float) -> None:
+    """residual += x; out = rmsnorm(residual) * weight."""
+    residual += x
+    rmsnorm_reference(residual, weight, out, eps)
+
+
+def rope_write_kv_reference(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slot_mapping: torch.Tensor,
+                            q_out: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor) -> None:
+    """Rotate q and k of qkv (T, (H + 2*Hkv) * D); q to q_out (T, H, D), k and v into the caches."""
+    tokens, heads, head_dim = q_out.shape
+    kv_heads = key_cache.shape[1]
+    q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    q_out.copy_(apply_rotary(q.reshape(tokens, heads, head_dim), cos, sin))
+    key_cache[slot_mapping] = apply_rotary(k.reshape(tokens, kv_heads, head_dim), cos, sin).to(key_cache.dtype)
+    value_cache[slot_mapping] = v.reshape(tokens, kv_heads, head_dim).to(value_cache.dtype)
+
+
+def paged_attention_reference(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                              block_tables: torch.Tensor, query_start: torch.Tensor, context_lens: torch.Tensor,
+                              block_size: int, scale: float, out: torch.Tensor) -> None:
+    """Causal attention of q (T, H, D) over the paged cache, with scaled_dot_product_attention."""
+    starts, contexts = query_start.tolist(), context_lens.tolist()
+    for b, context in enumerate(contexts):
+        begin, end = starts[b], starts[b + 1]
+        blocks = block_tables[b, :-(-context // block_size)].to(torch.int64)
+        slots = (blocks[:, None] * block_size + torch.arange(block_size)[None, :]).reshape(-1)[:context]
+        k = key_cache[slots].to(q.dtype).transpose(0, 1)  # (kv_heads, context, D)
+        v = value_cache[slots].to(q.dtype).transpose(0, 1)
+        qs = q[begin:end].transpose(0, 1)  # (heads, q_len, D)
+        # Query j sits at position context - q_len + j and sees keys up to that position.
+        mask = torch.arange(context)[None, :] <= torch.arange(context - (end - begin), context)[:, None]
+        o = F.scaled_dot_product_attention(qs, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+        out[begin:end] = o.transpose(0, 1)
+
+
+def silu_mul_reference(gate_up: torch.Tensor, out: torch.Tensor) -> None:
+    gate, up = gate_up.chunk(2, dim=-1)
+    out.copy_(F.silu(gate) * up)
+
+
+def _reference_weight(weight):
+    """The reference GEMMs' form of a weight; kernel-packed weights are unpacked once."""
+    from shrike import kernels
+    from shrike.quantization import reference_kernels as ref
+
+    if not isinstance(weight, (kernels.W4A8Weight, kernels.W8A8Weight)):
+        return weight
+    cached = getattr(weight, "_reference", None)
+    if cached is None:
+        values, scale = weight.unpack()
+        cached = ref.ReferenceW8A8Weight(values, scale.reshape(-1)) if isinstance(weight, kernels.W8A8Weight) \
+            else ref.ReferenceW4A8Weight(values, scale, weight.group_size)
+        weight._reference = cached
+    return cached
+
+
+def w4a8_linear_reference(x: torch.Tensor, weight, bias: torch.Tensor | None, out: torch.Tensor) -> None:
+    from shrike.quantization import reference_kernels as ref
+    out.copy_(ref.w4a8_linear(x, _reference_weight(weight), bias))
+
+
+def w8a8_linear_reference(x: torch.Tensor, weight, bias: torch.Tensor | None, out: torch.Tensor) -> None:
+    from shrike.quantization import reference_kernels as ref
+    out.copy_(ref.w8a8_linear(x, _reference_weight(weight), bias))
 
 
 def dense_linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -50,8 +139,60 @@ def dense_linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
         out[:, n0:n0 + chunk] = y if bias is None else y + bias[n0:n0 + chunk]
 
 
+# Built-in kernels with the op calling convention ---------------------------------------------
+
+def w4a8_linear_kernel(x: torch.Tensor, weight, bias: torch.Tensor | None, out: torch.Tensor) -> None:
+    _C.w4a8_linear(x, weight.packed, weight.n, weight.group_size, bias, out)
+
+
+def w8a8_linear_kernel(x: torch.Tensor, weight, bias: torch.Tensor | None, out: torch.Tensor) -> None:
+    _C.w8a8_linear(x, weight.packed, weight.n, bias, out)
+
+
+def dense_linear_kernel(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor) -> None:
+    if bias is not None and bias.dtype != torch.float32:
+        bias = bias.float()  # exact; the kernel adds the bias in float32
+    _C.dense_linear(x, weight, bias, out)
+
+
 def register_builtin_ops(registry: Registry) -> None:
-    registry.register_op("rmsnorm", _C.rmsnorm, source=f"builtin:{_C.active_isa()}")
-    registry.register_op("rmsnorm", rmsnorm_reference, source="reference")
-    registry.register_op("dense_linear", _C.dense_linear, source=f"builtin:{_C.active_isa()}")
-    registry.register_op("dense_linear", dense_linear_reference, source="reference")
+    builtin = f"builtin:{_C.active_isa()}"
+    kernels = {
+        "embedding": _C.embedding,
+        "rmsnorm": _C.rmsnorm,
+        "add_rmsnorm": _C.add_rmsnorm,
+        "w4a8_linear": w4a8_linear_kernel,
+        "w8a8_linear": w8a8_linear_kernel,
+        "dense_linear": dense_linear_kernel,
+        "rope_write_kv": _C.rope_write_kv,
+        "paged_attention": _C.paged_attention,
+        "silu_mul": _C.silu_mul,
+    }
+    references = {
+        "embedding": embedding_reference,
+        "rmsnorm": rmsnorm_reference,
+        "add_rmsnorm": add_rmsnorm_reference,
+        "w4a8_linear": w4a8_linear_reference,
+        "w8a8_linear": w8a8_linear_reference,
+        "dense_linear": dense_linear_reference,
+        "rope_write_kv": rope_write_kv_reference,
+        "paged_attention": paged_attention_reference,
+        "silu_mul": silu_mul_reference,
+    }
+    for name in OP_NAMES:
+        if name in kernels:
+            registry.register_op(name, kernels[name], source=builtin)
+        registry.register_op(name, references[name], source="reference")
+
+
+_BUILTIN_TABLE = None
+
+
+def builtin_op_table():
+    """Shrike's own ops without plugins (for models built outside the engine, e.g. in tests)."""
+    global _BUILTIN_TABLE
+    if _BUILTIN_TABLE is None:
+        registry = Registry()
+        register_builtin_ops(registry)
+        _BUILTIN_TABLE = registry.op_table()
+    return _BUILTIN_TABLE

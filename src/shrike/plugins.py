@@ -99,4 +99,5 @@ def build_registry(environ: Mapping[str, str] = os.environ) -> Registry:
     registry.register_quantization("compressed-tensors", QuantizedLinearFactory)
     register_tool_parsers(registry)
     load_plugins(registry, environ)
+    registry.check_ops()
     return registry

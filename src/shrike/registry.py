@@ -32,6 +32,21 @@ class Implementation:
         return {"source": self.source, "provider": self.provider}
 
 
+class OpTable:
+    """The implementation of every kernel op, chosen once at load; ``table.rmsnorm(...)`` calls it."""
+
+    def __init__(self, chosen: dict[str, Implementation]) -> None:
+        self.chosen = chosen
+        for name, implementation in chosen.items():
+            setattr(self, name, implementation.target)
+
+    def is_builtin(self, name: str) -> bool:
+        return self.chosen[name].source.startswith("builtin")
+
+    def describe(self) -> dict[str, str]:
+        return {name: f"{impl.source} ({impl.provider})" for name, impl in sorted(self.chosen.items())}
+
+
 class Registry:
     def __init__(self) -> None:
         self._tables: dict[str, dict[str, list[Implementation]]] = {kind: {} for kind in KINDS}
@@ -68,6 +83,26 @@ class Registry:
         if kernel_backend == "reference":
             return next(entry for entry in entries if entry.source == "reference")
         return entries[0]
+
+    def check_ops(self) -> None:
+        """A plugin may only replace an op Shrike has: an unknown name is most likely a typo."""
+        known = sorted(name for name, entries in self._tables["op"].items() if any(e.source != "plugin" for e in entries))
+        for name, entries in sorted(self._tables["op"].items()):
+            if name not in known:
+                raise ConfigError(
+                    f"plugin {entries[0].provider} registers op {name!r}, which does not exist; "
+                    f"known ops: {', '.join(known)}"
+                )
+
+    def op_table(self, kernel_backend: str = "auto") -> "OpTable":
+        """Every op resolved once. kernel_backend "reference" skips the built-in kernels, so every
+        op a plugin does not replace runs its torch reference."""
+        self.check_ops()
+        chosen = {}
+        for name, entries in self._tables["op"].items():
+            usable = [e for e in entries if kernel_backend != "reference" or not e.source.startswith("builtin")]
+            chosen[name] = usable[0]
+        return OpTable(chosen)
 
     def _resolve_user_choice(self, kind: str, name: str, what: str) -> Implementation:
         entries = self._tables[kind].get(name)

@@ -34,6 +34,7 @@ class EngineConfig:
     progress: bool = True
     kernel_backend: str = "auto"  # auto: the compiled kernel core; reference: the PyTorch reference (tests)
     lm_head_quant: str = "none"  # none: the checkpoint's precision; int8: per-row int8 (W8A8 kernel) from load
+    compiled_forward: bool = True  # False: always the eager Python forward (the reference path)
 
 
 @dataclass
@@ -88,9 +89,12 @@ class LLMEngine:
         self.kv_plan = loaded.plan_kv_cache(config.kv_cache_space_gib, config.block_size, config.max_num_seqs,
                                             self.kv_dtype)
         self.block_manager = BlockManager(self.kv_plan.num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
-        self.runner = ModelRunner(loaded.model, self.kv_plan.num_blocks, config.block_size, self.kv_dtype)
         self.eos_ids = frozenset(self.tokenizer.eos_token_ids)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
+                                   self.max_model_len, self.eos_ids)
+        self.runner = ModelRunner(loaded.model, self.kv_plan.num_blocks, config.block_size, self.kv_dtype,
+                                  config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len,
+                                  compile=config.compiled_forward)
         self.requests: dict[str, _Request] = {}
 
     # Requests -------------------------------------------------------------------------
@@ -141,34 +145,19 @@ class LLMEngine:
             if self.scheduler.waiting and not self.scheduler.running:
                 raise RuntimeError("the scheduler cannot admit any waiting sequence although nothing runs")
             return []
-        lengths_before = {id(item.seq): item.seq.num_tokens for item in batch}
-        self.runner.step(batch)
-        self.scheduler.after_step(batch)
-        touched: dict[str, list[Sequence]] = {}
-        for item in batch:
-            if item.seq.num_tokens > lengths_before[id(item.seq)]:
-                touched.setdefault(item.seq.request_id, []).append(item.seq)
+        produced = self.scheduler.postprocess(batch, self.runner.step(batch))
+        touched: dict[str, list[tuple[Sequence, str | None]]] = {}
+        for seq, reason in produced:
+            touched.setdefault(seq.request_id, []).append((seq, reason))
         return [self._collect(self.requests[rid], seqs) for rid, seqs in touched.items() if rid in self.requests]
 
-    def _finish_reason(self, seq: Sequence, token: int) -> str | None:
-        p = seq.params
-        # The sampler keeps these tokens out until min_tokens are generated.
-        if token in p.stop_token_ids or (token in self.eos_ids and not p.ignore_eos):
-            return "stop"
-        if p.max_tokens is not None and len(seq.output_ids) >= p.max_tokens:
-            return "length"
-        if seq.num_tokens >= self.max_model_len:
-            return "length"
-        return None
-
-    def _collect(self, request: _Request, seqs: list[Sequence]) -> RequestOutput:
+    def _collect(self, request: _Request, seqs: list[tuple[Sequence, str | None]]) -> RequestOutput:
         now = time.monotonic()
         if request.first_token_time is None:
             request.first_token_time = now
         deltas = []
-        for seq in seqs:
+        for seq, reason in seqs:
             token = seq.output_ids[-1]
-            reason = self._finish_reason(seq, token)
             decoder = request.decoders[seq.index]
             # A stop or EOS token ends the text without being part of it.
             text = "" if reason == "stop" else decoder.push(token)
@@ -177,13 +166,12 @@ class LLMEngine:
             text, hit_stop_string = request.stop_filters[seq.index].push(text)
             if hit_stop_string:
                 reason = "stop"
+                self.scheduler.finish(seq, reason)
             elif reason is not None:
                 text += request.stop_filters[seq.index].flush()
             sent = request.emitted_logprobs[seq.index]
             logprobs = seq.output_logprobs[sent:]
             request.emitted_logprobs[seq.index] = len(seq.output_logprobs)
-            if reason is not None:
-                self.scheduler.finish(seq, reason)
             deltas.append(CompletionDelta(seq.index, [token], text, logprobs, reason))
         finished = all(s.is_finished for s in request.seqs)
         prompt_logprobs = None

@@ -1,60 +1,168 @@
-"""Runs one scheduled step: builds the flat batch, calls the model, samples."""
+"""Runs one scheduled step: fills the step inputs, calls the model, samples.
+
+The runner reads sequences and never changes them: it returns what it computed (a
+`SequenceOutput` per scheduled sequence) and the scheduler applies it (`Scheduler.postprocess`).
+
+With the compiled forward (shrike.model.compiled) the step inputs live in persistent buffers the
+plan points into: each running sequence owns a row of the block-table buffer, written only when
+the sequence gains blocks. Other models run the eager Python forward with a BatchContext.
+"""
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import torch
 
 from shrike.engine.batch import BatchContext
 from shrike.engine.scheduler import ScheduledSequence
-from shrike.engine.sequence import Sequence
+from shrike.engine.sequence import Sequence, SequenceStatus
 from shrike.layers.attention import KVCache
+from shrike.model.compiled import CompiledForward, StepBuffers, plan_blocker
 from shrike.model.llama import CausalLM
-from shrike.sampling.sampler import sample, top_logprobs
+from shrike.sampling.sampler import TokenLogprobs, sample, top_logprobs
+
+
+@dataclass
+class SequenceOutput:
+    """What one step computed for one scheduled sequence."""
+
+    num_computed: int  # tokens whose K/V this step wrote
+    token: int | None = None  # sampled token, when the step reached the end of the sequence
+    logprobs: TokenLogprobs | None = None  # of the sampled token, when asked for
+    prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)  # for the prompt tokens this step scored
+
+
+@dataclass
+class _TableRow:
+    row: int
+    seq: Sequence
+    table: list[int]  # the sequence's block_table list this row mirrors (replaced on release)
+    written: int  # leading entries already copied
 
 
 class ModelRunner:
-    def __init__(self, model: CausalLM, num_blocks: int, block_size: int, kv_dtype: torch.dtype):
+    def __init__(self, model: CausalLM, num_blocks: int, block_size: int, kv_dtype: torch.dtype,
+                 max_num_seqs: int = 64, max_num_batched_tokens: int = 2048, max_model_len: int | None = None,
+                 compile: bool = True):
         c = model.config
         self.model = model
         self.block_size = block_size
         self.kv_caches = [KVCache(num_blocks, block_size, c.num_kv_heads, c.head_dim, kv_dtype) for _ in range(c.num_layers)]
         self.long_rope_threshold = model.rotary.long_threshold
-
-    def _slots(self, block_table: list[int], start: int, count: int) -> list[int]:
-        bs = self.block_size
-        return [block_table[p // bs] * bs + p % bs for p in range(start, start + count)]
+        self.plan_blocker = plan_blocker(model, self.kv_caches) if compile else "compiled forward turned off"
+        self.compiled: CompiledForward | None = None
+        if self.plan_blocker is None:
+            max_blocks = -(-(max_model_len or c.max_position_embeddings) // block_size)
+            self.buffers = StepBuffers.allocate(max_num_batched_tokens, max_num_seqs, max_blocks, c.vocab_size)
+            self._token_ids = self.buffers.token_ids.numpy()
+            self._seqs = self.buffers.seqs.numpy()
+            self._tables = self.buffers.block_tables.numpy()
+            self._logits_rows = self.buffers.logits_rows.numpy()
+            self._rows: dict[int, _TableRow] = {}  # seq_id -> its block-table row
+            self._free_rows = list(range(max_num_seqs - 1, -1, -1))
+            self.compiled = CompiledForward(model, self.kv_caches, block_size, self.buffers)
 
     @torch.inference_mode()
-    def step(self, batch: list[ScheduledSequence]) -> None:
-        """Computes the scheduled tokens; sequences that reach their end get a sampled token."""
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        use_long: list[bool] = []
-        logits_rows: list[int] = []  # rows whose logits are needed
-        samplers: list[tuple[int, Sequence]] = []  # (row in logits, sequence) that get a new token
-        prompt_rows: list[tuple[Sequence, int, int, int]] = []  # (sequence, first logits row, first position, count)
-        for item in batch:
+    def step(self, batch: list[ScheduledSequence]) -> list[SequenceOutput]:
+        """Computes the scheduled tokens -> one output per scheduled sequence, in batch order."""
+        logits_rows: list[int] = []  # token rows whose logits are needed
+        samplers: list[tuple[int, int]] = []  # (row in logits, index in batch) of sequences that get a token
+        prompt_rows: list[tuple[int, int, int, int]] = []  # (index in batch, first logits row, first position, count)
+        row0 = 0
+        for b, item in enumerate(batch):
             seq, n = item.seq, item.num_tokens
             start = seq.num_computed_tokens
-            row0 = len(input_ids)
-            input_ids += seq.token_ids[start:start + n]
-            positions += range(start, start + n)
-            slots += self._slots(seq.block_table, start, n)
-            if self.long_rope_threshold is not None:
-                use_long += [start + n > self.long_rope_threshold] * n
             # A sequence recomputed after preemption already has its prompt logprobs.
             if seq.params.prompt_logprobs is not None and start < seq.num_prompt_tokens - 1 \
                     and len(seq.prompt_logprobs) == start + 1:
                 # Logits at position p score prompt token p + 1.
                 count = min(start + n, seq.num_prompt_tokens - 1) - start
-                prompt_rows.append((seq, len(logits_rows), start, count))
+                prompt_rows.append((b, len(logits_rows), start, count))
                 logits_rows += range(row0, row0 + count)
             if start + n == seq.num_tokens:
                 if logits_rows and logits_rows[-1] == row0 + n - 1:
-                    samplers.append((len(logits_rows) - 1, seq))
+                    samplers.append((len(logits_rows) - 1, b))
                 else:
-                    samplers.append((len(logits_rows), seq))
+                    samplers.append((len(logits_rows), b))
                     logits_rows.append(row0 + n - 1)
+            row0 += n
+        if self.compiled is not None:
+            logits = self._run_compiled(batch, row0, logits_rows)
+        else:
+            logits = self._run_eager(batch, logits_rows)  # (rows, vocab)
+
+        outputs = [SequenceOutput(item.num_tokens) for item in batch]
+        for b, row, start, count in prompt_rows:
+            seq = batch[b].seq
+            targets = torch.tensor(seq.token_ids[start + 1:start + 1 + count], dtype=torch.int64)
+            lp = torch.log_softmax(logits[row:row + count], dim=-1)
+            outputs[b].prompt_logprobs = top_logprobs(lp, targets, seq.params.prompt_logprobs)
+        if samplers:
+            rows = [r for r, _ in samplers]
+            picked = logits if rows == list(range(len(logits_rows))) else logits[torch.tensor(rows, dtype=torch.int64)]
+            tokens, logprobs = sample(picked, [batch[b].seq.sampling_row for _, b in samplers])
+            for (_, b), token, lp in zip(samplers, tokens.tolist(), logprobs):
+                outputs[b].token, outputs[b].logprobs = token, lp
+        return outputs
+
+    # Compiled forward -------------------------------------------------------------------------
+
+    def _table_row(self, seq: Sequence) -> int:
+        """The sequence's row of the block-table buffer, brought up to date with its block table."""
+        entry = self._rows.get(seq.seq_id)
+        if entry is None:
+            if not self._free_rows:
+                self._reclaim_rows()
+            entry = self._rows[seq.seq_id] = _TableRow(self._free_rows.pop(), seq, seq.block_table, 0)
+        elif entry.table is not seq.block_table:  # released (preempted) and given new blocks since
+            entry.table, entry.written = seq.block_table, 0
+        table = seq.block_table
+        if len(table) > entry.written:
+            self._tables[entry.row, entry.written:len(table)] = table[entry.written:]
+            entry.written = len(table)
+        return entry.row
+
+    def _reclaim_rows(self) -> None:
+        """Rows of sequences that stopped running (finished, aborted, preempted) become free."""
+        for seq_id, entry in list(self._rows.items()):
+            if entry.seq.status != SequenceStatus.RUNNING:
+                del self._rows[seq_id]
+                self._free_rows.append(entry.row)
+
+    def _run_compiled(self, batch: list[ScheduledSequence], num_tokens: int, logits_rows: list[int]) -> torch.Tensor:
+        token_ids, seqs = self._token_ids, self._seqs
+        t = 0
+        for b, item in enumerate(batch):
+            seq, n = item.seq, item.num_tokens
+            start = seq.num_computed_tokens
+            if n == 1:
+                token_ids[t] = seq.token_ids[start]
+            else:
+                token_ids[t:t + n] = seq.token_ids[start:start + n]
+            seqs[b] = (self._table_row(seq), start, n)
+            t += n
+        self._logits_rows[:len(logits_rows)] = logits_rows
+        return self.compiled.run(len(batch), num_tokens, len(logits_rows))
+
+    # Eager forward ----------------------------------------------------------------------------
+
+    def _slots(self, block_table: list[int], start: int, count: int) -> list[int]:
+        bs = self.block_size
+        return [block_table[p // bs] * bs + p % bs for p in range(start, start + count)]
+
+    def _run_eager(self, batch: list[ScheduledSequence], logits_rows: list[int]) -> torch.Tensor:
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        use_long: list[bool] = []
+        for item in batch:
+            seq, n = item.seq, item.num_tokens
+            start = seq.num_computed_tokens
+            input_ids += seq.token_ids[start:start + n]
+            positions += range(start, start + n)
+            slots += self._slots(seq.block_table, start, n)
+            if self.long_rope_threshold is not None:
+                use_long += [start + n > self.long_rope_threshold] * n
         ctx = BatchContext(
             positions=torch.tensor(positions, dtype=torch.int64),
             slot_mapping=torch.tensor(slots, dtype=torch.int64),
@@ -64,18 +172,5 @@ class ModelRunner:
             block_size=self.block_size,
             use_long_rope=torch.tensor(use_long) if use_long else None,
         )
-        logits = self.model.forward(torch.tensor(input_ids, dtype=torch.int64), ctx, self.kv_caches,
-                                    torch.tensor(logits_rows, dtype=torch.int64))  # (rows, vocab)
-        for seq, row, start, count in prompt_rows:
-            targets = torch.tensor(seq.token_ids[start + 1:start + 1 + count], dtype=torch.int64)
-            lp = torch.log_softmax(logits[row:row + count], dim=-1)
-            seq.prompt_logprobs += top_logprobs(lp, targets, seq.params.prompt_logprobs)
-        for item in batch:
-            item.seq.num_computed_tokens += item.num_tokens
-        if samplers:
-            rows = torch.tensor([r for r, _ in samplers], dtype=torch.int64)
-            tokens, logprobs = sample(logits[rows], [seq.sampling_row for _, seq in samplers])
-            for (_, seq), token, lp in zip(samplers, tokens.tolist(), logprobs):
-                seq.append_token(token)
-                if lp is not None:
-                    seq.output_logprobs.append(lp)
+        return self.model.forward(torch.tensor(input_ids, dtype=torch.int64), ctx, self.kv_caches,
+                                  torch.tensor(logits_rows, dtype=torch.int64))

@@ -21,8 +21,11 @@ class ScheduledSequence:
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int):
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 max_model_len: int | None = None, eos_ids: frozenset[int] = frozenset()):
         self.block_manager = block_manager
+        self.max_model_len = max_model_len
+        self.eos_ids = eos_ids
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
@@ -70,9 +73,38 @@ class Scheduler:
             budget -= num_tokens
         return scheduled
 
-    def after_step(self, batch: list[ScheduledSequence]) -> None:
-        for item in batch:
-            self.block_manager.register_full_blocks(item.seq)
+    def postprocess(self, batch: list[ScheduledSequence], outputs: list) -> list[tuple[Sequence, str | None]]:
+        """Applies what the model runner computed (one shrike.engine.model_runner.SequenceOutput per
+        scheduled sequence): computed counts, prompt logprobs, sampled tokens, and the stop-token and
+        length checks. Returns (sequence, finish reason or None) for each sequence that got a token;
+        finished ones are already released."""
+        produced = []
+        for item, out in zip(batch, outputs):
+            seq = item.seq
+            seq.num_computed_tokens += out.num_computed
+            seq.prompt_logprobs += out.prompt_logprobs
+            self.block_manager.register_full_blocks(seq)
+            if out.token is None:
+                continue
+            seq.append_token(out.token)
+            if out.logprobs is not None:
+                seq.output_logprobs.append(out.logprobs)
+            reason = self._finish_reason(seq, out.token)
+            if reason is not None:
+                self.finish(seq, reason)
+            produced.append((seq, reason))
+        return produced
+
+    def _finish_reason(self, seq: Sequence, token: int) -> str | None:
+        p = seq.params
+        # The sampler keeps these tokens out until min_tokens are generated.
+        if token in p.stop_token_ids or (token in self.eos_ids and not p.ignore_eos):
+            return "stop"
+        if p.max_tokens is not None and len(seq.output_ids) >= p.max_tokens:
+            return "length"
+        if self.max_model_len is not None and seq.num_tokens >= self.max_model_len:
+            return "length"
+        return None
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
@@ -82,7 +114,11 @@ class Scheduler:
         self.num_preemptions += 1
 
     def finish(self, seq: Sequence, reason: str) -> None:
-        """Mark finished (stop, length or abort) and return its blocks to the pool."""
+        """Mark finished (stop, length or abort) and return its blocks to the pool. For a sequence
+        finished already (a stop string found in the text of its last token) only the reason changes."""
+        if seq.status == SequenceStatus.FINISHED:
+            seq.finish_reason = reason
+            return
         if seq.status == SequenceStatus.RUNNING:
             self.running.remove(seq)
         elif seq.status == SequenceStatus.WAITING:

@@ -9,24 +9,10 @@ from __future__ import annotations
 import torch
 
 from shrike.errors import ConfigError
-from shrike.layers.linear import DenseLinear, DenseOp
 from shrike.quantization.repack_cache import RepackCache
 from shrike.quantization.safetensors_io import CheckpointFiles
 
 LM_HEAD_QUANT = ("none", "int8")
-
-
-class DenseLMHead:
-    def __init__(self, weight: torch.Tensor, op: DenseOp):
-        self.linear = DenseLinear(weight, None, op)  # weight (vocab, hidden)
-
-    @property
-    def weight(self) -> torch.Tensor:
-        return self.linear.weight
-
-    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden (L, hidden) -> (L, vocab) fp32."""
-        return self.linear(hidden, out_dtype=torch.float32)
 
 
 class Int8LMHead:

@@ -15,6 +15,7 @@ from shrike.model.llama import CausalLM
 from shrike.model.weights import CheckpointTensors
 from shrike.platform.memory import KVCachePlan, plan_kv_cache, read_memory
 from shrike.plugins import build_registry
+from shrike.quantization.backends import select_backend
 from shrike.tokenizer import Tokenizer
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
@@ -60,10 +61,14 @@ def load_model(model: str | None, dtype: str = "auto", max_model_len: int | None
     registry = build_registry()
     architecture = registry.architecture(config.architecture).target
     torch_dtype = resolve_dtype(dtype, config)
+    select_backend(kernel_backend)  # an unknown name fails before anything loads
+    ops = registry.op_table(kernel_backend)
     make_linear = None  # dense layers
     if config.quantization_config is not None:
         method = config.quantization_config.get("quant_method", "(none)")
-        make_linear = registry.quantization(method).target(config, model_dir, torch_dtype, kernel_backend)
+        scheme = registry.quantization(method)
+        extra = {"ops": ops} if scheme.provider == "shrike" else {}
+        make_linear = scheme.target(config, model_dir, torch_dtype, kernel_backend, **extra)
     limit = config.max_position_embeddings
     if max_model_len is None:
         max_model_len = limit
@@ -76,12 +81,11 @@ def load_model(model: str | None, dtype: str = "auto", max_model_len: int | None
     action = make_linear.description if make_linear else "Loading"
     bar = tqdm(total=config.num_layers, desc=f"{action} {model_dir.name}", unit="layer", disable=not progress)
     net = architecture(config, tensors, torch_dtype, make_linear=make_linear, max_positions=max_model_len,
-                       progress=lambda done: bar.update(done - bar.n), rmsnorm=registry.resolve_op("rmsnorm").target,
-                       dense_linear=registry.resolve_op("dense_linear", kernel_backend).target)
+                       progress=lambda done: bar.update(done - bar.n), ops=ops)
     bar.close()
     if lm_head_quant == "int8":
-        if not hasattr(net, "lm_head"):
+        if not hasattr(net, "lm_head_int8"):
             raise ConfigError(f"--lm-head-quant int8 is not supported by the {config.architecture} architecture")
-        net.lm_head = int8_lm_head(net.lm_head.weight, model_dir, kernel_backend)
+        net.lm_head_int8 = int8_lm_head(net.lm_head, model_dir, kernel_backend)
     weight_bytes = sum(p.stat().st_size for p in model_dir.glob("*.safetensors"))
     return LoadedModel(model_dir, config, tokenizer, net, torch_dtype, max_model_len, weight_bytes, available_before)

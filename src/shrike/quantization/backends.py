@@ -1,4 +1,5 @@
-"""Where quantized GEMMs run: the compiled kernel core, or the PyTorch reference of its semantics."""
+"""How quantized weights are held: packed for the compiled kernel core, or plain for the PyTorch
+reference GEMMs (--kernel-backend reference). The GEMM itself is an op of the op table."""
 from __future__ import annotations
 
 import torch
@@ -30,9 +31,6 @@ class KernelCoreBackend:
         cls = self.kernels.W8A8Weight if scheme.weight_bits == 8 else self.kernels.W4A8Weight
         return cls.from_tensors(tensors)
 
-    def run(self, x: torch.Tensor, weight, bias: torch.Tensor | None) -> torch.Tensor:
-        return self.kernels.linear(x, weight, bias, out_dtype=x.dtype)
-
 
 class ReferenceBackend:
     variant = "reference1"
@@ -48,10 +46,6 @@ class ReferenceBackend:
         if scheme.weight_bits == 8:
             return ref.ReferenceW8A8Weight.from_tensors(tensors)
         return ref.ReferenceW4A8Weight.from_tensors(tensors, scheme.group_size)
-
-    def run(self, x: torch.Tensor, weight, bias: torch.Tensor | None) -> torch.Tensor:
-        gemm = ref.w8a8_linear if isinstance(weight, ref.ReferenceW8A8Weight) else ref.w4a8_linear
-        return gemm(x, weight, bias).to(x.dtype)
 
 
 def select_backend(name: str) -> KernelCoreBackend | ReferenceBackend:

@@ -7,12 +7,10 @@ from pathlib import Path
 
 import torch
 
-from shrike import _C
 from shrike.errors import ConfigError
 from shrike.layers.linear import DenseLinear
 from shrike.model.config import ModelConfig
 from shrike.model.weights import CheckpointTensors
-from shrike.ops import dense_linear_reference
 from shrike.quantization.backends import select_backend
 from shrike.quantization.compressed_tensors_format import QuantizationPlan, read_stored_linear
 from shrike.quantization.repack_cache import RepackCache
@@ -34,26 +32,33 @@ _TRIM_EVERY_BYTES = 128 << 20
 
 
 class QuantizedLinear:
-    def __init__(self, weight, bias: torch.Tensor | None, backend):
+    def __init__(self, weight, bias: torch.Tensor | None, kernel, format: str, out_features: int):
         self.weight = weight  # backend-specific packed weight, (N, K) logically
         self.bias = bias  # (N,) fp32 or None
-        self.backend = backend
+        self.kernel = kernel  # the op table's w4a8_linear or w8a8_linear
+        self.format = format  # "w4a8" or "w8a8"
+        self.out_features = out_features
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x (T, K) -> (T, N) in x's dtype."""
-        return self.backend.run(x.contiguous(), self.weight, self.bias)
+        x = x.contiguous()
+        out = torch.empty(x.shape[0], self.out_features, dtype=x.dtype)
+        self.kernel(x, self.weight, self.bias, out)
+        return out
 
 
 class QuantizedLinearFactory:
     """The `make_linear` of CausalLM for a quantized checkpoint (see shrike.model.llama.LinearFactory)."""
 
-    def __init__(self, config: ModelConfig, model_dir: Path, dtype: torch.dtype, kernel_backend: str):
+    def __init__(self, config: ModelConfig, model_dir: Path, dtype: torch.dtype, kernel_backend: str, ops=None):
+        from shrike.ops import builtin_op_table
+
+        self.ops = ops or builtin_op_table()  # shrike.registry.OpTable
         self.plan = QuantizationPlan(config.quantization_config)
         if not config.tie_word_embeddings and self.plan.layer("lm_head") is not None:
             raise ConfigError("a quantized lm_head is not supported; list lm_head in quantization_config.ignore")
         self.dtype = dtype
         self.backend = select_backend(kernel_backend)
-        self.dense_op = dense_linear_reference if kernel_backend == "reference" else _C.dense_linear  # ignored layers
         self.files = CheckpointFiles(model_dir)
         self.cache = RepackCache(self.files, self.backend.variant)
         self._freed_bytes = 0  # checkpoint buffers freed since memory was last returned to the OS
@@ -67,13 +72,16 @@ class QuantizedLinearFactory:
                  bias: bool):
         layers = [self.plan.layer(p) for p in prefixes]
         if all(layer is None for layer in layers):
-            return DenseLinear.load(tensors, prefixes, in_features, out_features, bias, self.dtype, self.dense_op)
+            return DenseLinear.load(tensors, prefixes, in_features, out_features, bias, self.dtype, self.ops.dense_linear)
         if any(layer != layers[0] for layer in layers):
             raise ConfigError(f"{', '.join(prefixes)} run as one fused GEMM but are not quantized alike; "
                               "quantize them with the same scheme or list all of them in ignore")
         biases = torch.cat([tensors.get(f"{p}.bias", (n,), torch.float32) for p, n in zip(prefixes, out_features)]) \
             if bias else None
-        return QuantizedLinear(self._weight(prefixes, layers[0], in_features, out_features), biases, self.backend)
+        format = "w8a8" if layers[0].scheme.weight_bits == 8 else "w4a8"
+        kernel = self.ops.w8a8_linear if format == "w8a8" else self.ops.w4a8_linear
+        return QuantizedLinear(self._weight(prefixes, layers[0], in_features, out_features), biases, kernel, format,
+                               sum(out_features))
 
     def _weight(self, prefixes, layer, in_features, out_features):
         name = prefixes[0]

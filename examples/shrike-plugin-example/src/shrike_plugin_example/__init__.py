@@ -4,15 +4,17 @@
   with a marker, showing where a plugin would build its own layers.
 - ``toy-absmax-int8``: a checkpoint whose ``quantization_config.quant_method`` is this stores
   ordinary float weights; they are quantized at load to int8 with one scale per output row.
-- ``rmsnorm``: Shrike's reference rmsnorm, counting its calls, so that one can see it is the
-  implementation the model runs.
+- ``rmsnorm`` and ``dense_linear`` (the unquantized linear op, which runs every lm_head): Shrike's
+  references, counting their calls, so that one can see they are the implementations the model runs.
+  A model whose every other op is built in keeps its compiled forward and calls the plugin's
+  ``dense_linear`` for the lm_head; other models run the eager forward through the op table.
 """
 
 import torch
 
 from shrike.layers.linear import DenseLinear
 from shrike.model.llama import CausalLM
-from shrike.ops import rmsnorm_reference
+from shrike.ops import dense_linear_reference, rmsnorm_reference
 
 
 class ToyForCausalLM(CausalLM):
@@ -45,19 +47,24 @@ class ToyAbsmaxInt8:
         return AbsmaxInt8Linear(dense.weight, dense.bias, self.dtype)
 
 
-class CountingRMSNorm:
-    def __init__(self) -> None:
+class CountingOp:
+    """An op implementation (same calling convention as the op it replaces) that counts its calls."""
+
+    def __init__(self, implementation) -> None:
+        self.implementation = implementation
         self.calls = 0
 
-    def __call__(self, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, eps: float) -> None:
+    def __call__(self, *args) -> None:
         self.calls += 1
-        rmsnorm_reference(x, weight, out, eps)
+        self.implementation(*args)
 
 
-rmsnorm = CountingRMSNorm()
+rmsnorm = CountingOp(rmsnorm_reference)
+dense_linear = CountingOp(dense_linear_reference)
 
 
 def register(registry) -> None:
     registry.register_architecture("ToyForCausalLM", ToyForCausalLM)
     registry.register_quantization("toy-absmax-int8", ToyAbsmaxInt8)
     registry.register_op("rmsnorm", rmsnorm)
+    registry.register_op("dense_linear", dense_linear)

@@ -1,0 +1,84 @@
+"""Python time per engine step: LLMEngine.step and ModelRunner.step minus the time inside the
+compiled forward's C++ call, batch-1 decode (default: 200 steps after 20 warm-up steps).
+
+    python benchmarks/bench_step_overhead.py MODEL_DIR [--steps 200] [--batch 1] [--eager]
+
+Prints medians in ms: the C++ forward, the runner's Python around it (of which the sampler), and
+the rest of the engine step (scheduling, postprocessing, detokenizing). A benchmark, not a test:
+timings on a shared machine are noisy, so the Python share is also given as the main thread's CPU
+time (time.thread_time), which other processes on the machine do not inflate as much.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from shrike.engine import model_runner
+from shrike.engine.llm_engine import EngineConfig, LLMEngine
+from shrike.sampling.params import SamplingParams
+
+
+class _Timed:
+    """Wraps a callable and records the wall time and the calling thread's CPU time of each call."""
+
+    def __init__(self, fn):
+        self.fn, self.times, self.cpu = fn, [], []
+
+    def __call__(self, *args, **kwargs):
+        start, start_cpu = time.perf_counter(), time.thread_time()
+        try:
+            return self.fn(*args, **kwargs)
+        finally:
+            self.times.append(time.perf_counter() - start)
+            self.cpu.append(time.thread_time() - start_cpu)
+
+
+class _TimedPlan:
+    def __init__(self, plan):
+        self.plan, self.run = plan, _Timed(plan.run)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("model")
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--eager", action="store_true", help="time the eager Python forward instead")
+    args = p.parse_args()
+    engine = LLMEngine(EngineConfig(model=args.model, max_model_len=1024, kv_cache_space_gib=0.25,
+                                    compiled_forward=not args.eager, progress=False))
+    runner = engine.runner
+    print(f"compiled forward: {'yes' if runner.compiled else 'no (' + runner.plan_blocker + ')'}")
+    forward_name = "_run_compiled" if runner.compiled else "_run_eager"
+    if runner.compiled:
+        runner.compiled.plan = _TimedPlan(runner.compiled.plan)
+    forward = _Timed(getattr(runner, forward_name))
+    setattr(runner, forward_name, forward)
+    runner.step = step = _Timed(runner.step)
+    model_runner.sample = sampler = _Timed(model_runner.sample)
+    total = args.warmup + args.steps
+    params = SamplingParams(max_tokens=total + 1, temperature=0, ignore_eos=True)
+    for i in range(args.batch):
+        engine.add_request(f"r{i}", [1, 2, 3, 4 + i], params)
+    engine.step()  # prefill
+    engine_step = _Timed(engine.step)
+    for _ in range(total):
+        engine_step()
+    n = args.steps
+    inner = runner.compiled.plan.run if runner.compiled else forward
+    ms = lambda xs: statistics.median(xs[-n:]) * 1e3  # noqa: E731
+    minus = lambda a, b: [x - y for x, y in zip(a[-n:], b[-n:])]  # noqa: E731
+    print(f"batch {args.batch}, {n} decode steps, medians in ms: wall / main-thread CPU")
+    print(f"  forward ({'C++ call' if runner.compiled else 'eager Python model'})"
+          f"{ms(inner.times):>12.3f} / {ms(inner.cpu):.3f}")
+    print(f"  runner.step minus forward {ms(minus(step.times, inner.times)):>10.3f} / "
+          f"{ms(minus(step.cpu, inner.cpu)):.3f}   of which sampler {ms(sampler.times):.3f} / {ms(sampler.cpu):.3f}")
+    print(f"  engine.step minus forward {ms(minus(engine_step.times, inner.times)):>10.3f} / "
+          f"{ms(minus(engine_step.cpu, inner.cpu)):.3f}")
+    print(f"  engine.step               {ms(engine_step.times):>10.3f} / {ms(engine_step.cpu):.3f}")
+
+
+if __name__ == "__main__":
+    main()

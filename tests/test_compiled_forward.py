@@ -1,0 +1,171 @@
+"""The compiled forward (one C++ call per step) against the eager Python model it replaces.
+
+Both engines run the same requests with a small token budget, so steps include prompt chunks,
+mixed prefill + decode batches and prefix-cache hits; every step's logits must be equal bit for
+bit (quantized and fp32 checkpoints) and bf16 must give the same greedy tokens.
+"""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+
+import pytest
+import torch
+
+from shrike.engine.llm_engine import EngineConfig, LLMEngine
+from shrike.quantization.quantize_checkpoint import quantize_checkpoint
+from shrike.quantization.schemes import SCHEMES
+from shrike.sampling.params import SamplingParams
+from shrike.synth import synthesize
+
+from test_model_tiny import _save_tiny
+
+PROMPT = [(7 * i + 3) % 5000 + 10 for i in range(40)]
+SHARED_PREFIX = PROMPT[:33] + [11, 12, 13, 14, 15, 16, 17]  # its first two blocks are PROMPT's
+GREEDY = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+
+
+def _quantize(src, dst, scheme: str, **kwargs):
+    fmt = "int-quantized" if scheme == "w8a8" else "pack-quantized"
+    quantize_checkpoint(src, dst, SCHEMES[scheme], fmt, progress=False, **kwargs)
+    return dst
+
+
+def _engine(model_dir, compiled: bool, dtype: str = "auto", backend: str = "auto") -> LLMEngine:
+    return LLMEngine(EngineConfig(model=str(model_dir), dtype=dtype, max_model_len=256, max_num_seqs=4,
+                                  max_num_batched_tokens=24, kv_cache_space_gib=0.02, progress=False,
+                                  compiled_forward=compiled, kernel_backend=backend))
+
+
+def _recorded_run(engine: LLMEngine) -> tuple[list[torch.Tensor], list[list[int]]]:
+    """Runs the workload -> (logits of every step, greedy tokens of every request)."""
+    steps: list[torch.Tensor] = []
+    runner = engine.runner
+    name = "_run_compiled" if runner.compiled is not None else "_run_eager"
+    forward = getattr(runner, name)
+
+    def recording(*args):
+        logits = forward(*args)
+        steps.append(logits.clone())
+        return logits
+
+    setattr(runner, name, recording)
+    scored = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True, prompt_logprobs=2)
+    first = engine.generate([PROMPT, SHARED_PREFIX[:20], PROMPT[5:30]], [GREEDY, GREEDY, scored])
+    second = engine.generate([SHARED_PREFIX, PROMPT], GREEDY)  # both start with cached blocks
+    tokens = [seqs[0].token_ids for seqs in first + second]
+    return steps, tokens
+
+
+def _assert_same_logits(model_dir, dtype: str = "auto"):
+    compiled, eager = _engine(model_dir, True, dtype), _engine(model_dir, False, dtype)
+    assert compiled.runner.compiled is not None, compiled.runner.plan_blocker
+    assert eager.runner.compiled is None
+    compiled_steps, compiled_tokens = _recorded_run(compiled)
+    eager_steps, eager_tokens = _recorded_run(eager)
+    assert compiled.block_manager.prefix_hits > 0
+    assert compiled_tokens == eager_tokens
+    assert len(compiled_steps) == len(eager_steps)
+    for step, (a, b) in enumerate(zip(compiled_steps, eager_steps)):
+        assert torch.equal(a, b), f"step {step}: max difference {(a - b).abs().max().item()}"
+    return compiled_tokens
+
+
+def _relabel(directory, **changes):
+    config = json.loads((directory / "config.json").read_text())
+    config.update(changes)
+    (directory / "config.json").write_text(json.dumps(config))
+    return directory
+
+
+@pytest.fixture(scope="module")
+def tiny_dirs(tmp_path_factory, default_model_dir):
+    """fp32 tiny random checkpoints of every supported variant."""
+    dirs = {}
+    for kind in ("llama", "qwen2", "qwen3"):
+        dirs[kind] = tmp_path_factory.mktemp(kind)
+        _save_tiny(kind, dirs[kind], default_model_dir)
+    minicpm = tmp_path_factory.mktemp("minicpm")
+    shutil.copytree(dirs["llama"], minicpm, dirs_exist_ok=True)
+    dirs["minicpm"] = _relabel(minicpm, architectures=["MiniCPMForCausalLM"], model_type="minicpm", scale_emb=12.0,
+                               scale_depth=1.4, dim_model_base=16)
+    longrope = tmp_path_factory.mktemp("minicpm-longrope")
+    shutil.copytree(minicpm, longrope, dirs_exist_ok=True)
+    half = 64 // 4 // 2  # head_dim / 2
+    dirs["minicpm-longrope"] = _relabel(longrope, rope_scaling={
+        "rope_type": "longrope", "short_factor": [1.0 + i / 8 for i in range(half)],
+        "long_factor": [2.0 + i for i in range(half)], "original_max_position_embeddings": 32})
+    return dirs
+
+
+@pytest.mark.parametrize("kind, scheme", [(kind, "w4a8-g32") for kind in ("llama", "qwen2", "qwen3", "minicpm",
+                                                                         "minicpm-longrope")]
+                         + [("qwen2", "w8a8"), ("minicpm-longrope", "w8a8")])
+def test_quantized_logits_are_bit_identical(tiny_dirs, tmp_path, kind, scheme):
+    quantized = tmp_path / "q"
+    _quantize(tiny_dirs[kind], quantized, scheme)
+    _assert_same_logits(quantized)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3", "minicpm-longrope"])
+def test_fp32_logits_are_bit_identical(tiny_dirs, kind):
+    _assert_same_logits(tiny_dirs[kind], "float32")
+
+
+def test_smollm2_shaped_w4a8_logits_are_bit_identical(tmp_path):
+    """SmolLM2-135M's shapes (9 query heads over 3 KV heads, tied embeddings), 3 random layers."""
+    synthesize(tmp_path / "smollm2", "smollm2-135m", "w4a8-g64", layers=3, progress=False)
+    _assert_same_logits(tmp_path / "smollm2")
+
+
+def test_smollm2_bf16_greedy_tokens_match(default_model_dir):
+    prompts = [PROMPT[:6], SHARED_PREFIX[:9]]
+    params = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
+    compiled, eager = _engine(default_model_dir, True), _engine(default_model_dir, False)
+    assert compiled.runner.compiled is not None, compiled.runner.plan_blocker
+    outputs = [[seqs[0].token_ids for seqs in engine.generate(prompts, params)] for engine in (compiled, eager)]
+    assert outputs[0] == outputs[1]
+
+
+def test_reference_backend_runs_every_op_eagerly_with_the_same_tokens(tiny_dirs, tmp_path):
+    quantized = tmp_path / "q"
+    _quantize(tiny_dirs["qwen3"], quantized, "w4a8-g32")
+    reference = _engine(quantized, True, backend="reference")
+    assert reference.runner.compiled is None and "reference" in reference.runner.plan_blocker
+    assert all(impl.source == "reference" for impl in reference.runner.model.ops.chosen.values())
+    kernel = _engine(quantized, True)
+    prompts = [PROMPT, SHARED_PREFIX[:20]]
+    assert [s[0].token_ids for s in reference.generate(prompts, GREEDY)] == \
+        [s[0].token_ids for s in kernel.generate(prompts, GREEDY)]
+
+
+def test_the_runner_leaves_sequences_to_the_scheduler(tiny_dirs, tmp_path):
+    quantized = tmp_path / "q"
+    _quantize(tiny_dirs["llama"], quantized, "w8a8")
+    engine = _engine(quantized, True)
+    engine.add_request("r", PROMPT[:10], GREEDY)
+    batch = engine.scheduler.schedule()
+    seq = batch[0].seq
+    before = (list(seq.token_ids), seq.num_computed_tokens, list(seq.output_logprobs))
+    outputs = engine.runner.step(batch)
+    assert (list(seq.token_ids), seq.num_computed_tokens, list(seq.output_logprobs)) == before
+    assert outputs[0].num_computed == 10 and outputs[0].token is not None
+    produced = engine.scheduler.postprocess(batch, outputs)
+    assert produced == [(seq, None)]
+    assert seq.num_computed_tokens == 10 and seq.output_ids == [outputs[0].token]
+
+
+def test_plan_rejects_inputs_outside_its_buffers(tiny_dirs, tmp_path):
+    quantized = tmp_path / "q"
+    _quantize(tiny_dirs["llama"], quantized, "w8a8")
+    compiled = _engine(quantized, True).runner.compiled
+    buffers = compiled.buffers
+    buffers.seqs[0] = torch.tensor([0, 0, 1], dtype=torch.int32)
+    buffers.block_tables[0, 0] = 10 ** 6  # not a block of the cache
+    with pytest.raises(ValueError, match="outside the cache"):
+        compiled.run(1, 1, 1)
+    buffers.block_tables[0, 0] = 0
+    with pytest.raises(ValueError, match="num_tokens"):
+        compiled.run(1, 10 ** 6, 1)
+    assert math.isfinite(compiled.run(1, 1, 1).sum().item())
