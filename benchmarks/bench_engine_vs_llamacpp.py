@@ -58,9 +58,13 @@ def main(argv: list[str] | None = None) -> int:
 
     from shrike.engine.llm_engine import EngineConfig, LLMEngine
 
-    spec = importlib.util.spec_from_file_location("bench_kernels", Path(__file__).with_name("bench_kernels.py"))
-    bench_kernels = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench_kernels)
+    def load(name: str):
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    bench_kernels, bench_serving = load("bench_kernels"), load("bench_serving")
 
     def bandwidth() -> float:
         return bench_kernels.stream_read_gbs(1 << 30, 5)
@@ -68,7 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     engine = LLMEngine(EngineConfig(model=args.shrike_model, max_model_len=2048, max_num_seqs=1,
                                     max_num_batched_tokens=PROMPT_TOKENS, kv_cache_space_gib=0.5, enable_prefix_caching=False,
                                     cpu_threads=args.threads, progress=False, lm_head_quant=args.lm_head_quant))
-    weight_bytes = sum(p.stat().st_size for p in Path(args.shrike_model).glob("*.safetensors"))
+    # Bytes a decode step reads: every matrix but the input embedding (one row of it), unless it is the head.
+    weight_bytes = bench_serving.safetensors_bytes_per_token(Path(args.shrike_model))
+    llama_bytes = bench_serving.gguf_bytes_per_token(Path(args.gguf))
     if args.lm_head_quant == "int8":  # the lm_head is read as int8 (1 byte per weight) instead of bf16 (2)
         weight_bytes -= engine.model_config.vocab_size * engine.model_config.hidden_size
     shrike_run(engine)  # warm-up
@@ -78,13 +84,19 @@ def main(argv: list[str] | None = None) -> int:
         runs["shrike"].append(shrike_run(engine))
         runs["llama.cpp"].append(llama_bench(args.llama_bench, args.gguf, args.threads))
     bw_after = bandwidth()
-    print(f"read bandwidth {bw_before:.1f} -> {bw_after:.1f} GB/s; Shrike weights {weight_bytes / 1e9:.2f} GB")
-    print(f"{'engine':<12}{'prefill tok/s':>15}{'decode tok/s':>14}")
+    bw = min(bw_before, bw_after)
+    print(f"read bandwidth {bw_before:.1f} -> {bw_after:.1f} GB/s; bytes read per decoded token: "
+          f"Shrike {weight_bytes / 1e9:.3f} GB, llama.cpp {llama_bytes / 1e9:.3f} GB")
+    print(f"{'engine':<12}{'prefill tok/s':>15}{'decode tok/s':>14}{'decode GB/s':>13}{'of read BW':>12}")
+    medians = {}
+    for (name, samples), nbytes in zip(runs.items(), (weight_bytes, llama_bytes)):
+        prefill, decode = statistics.median(s[0] for s in samples), statistics.median(s[1] for s in samples)
+        medians[name] = (prefill, decode)
+        print(f"{name:<12}{prefill:>15.1f}{decode:>14.2f}{decode * nbytes / 1e9:>13.1f}{decode * nbytes / 1e9 / bw:>11.0%}")
+    (sp, sd), (lp, ld) = medians["shrike"], medians["llama.cpp"]
+    print(f"Shrike / llama.cpp: prefill {sp / lp:.2f}x, decode {sd / ld:.2f}x")
     for name, samples in runs.items():
-        print(f"{name:<12}{statistics.median(s[0] for s in samples):>15.1f}{statistics.median(s[1] for s in samples):>14.2f}")
-    decode = statistics.median(s[1] for s in runs["shrike"])
-    print(f"Shrike decode x weight bytes = {decode * weight_bytes / 1e9:.1f} GB/s "
-          f"({decode * weight_bytes / 1e9 / min(bw_before, bw_after):.0%} of the measured read bandwidth)")
+        print(f"  {name} runs (prefill, decode): " + ", ".join(f"({p:.1f}, {d:.2f})" for p, d in samples))
     return 0
 
 

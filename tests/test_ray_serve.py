@@ -156,8 +156,11 @@ def test_completions_models_errors_and_auth_behave_as_on_one_machine(cluster, cl
     assert bad.value.body["param"] == "max_tokens"
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="no-such-model", prompt="Hello", max_tokens=2)
-    tokens = httpx.post(f"{cluster.base_url}/tokenize", json={"prompt": "The capital of France is"}, timeout=30)
-    detokenized = httpx.post(f"{cluster.base_url}/detokenize", json={"tokens": tokens.json()["tokens"]}, timeout=30)
+    auth = {"Authorization": f"Bearer {API_KEY}"}  # the tokenizer routes need the key too
+    tokens = httpx.post(f"{cluster.base_url}/tokenize", json={"prompt": "The capital of France is"}, headers=auth,
+                        timeout=30)
+    detokenized = httpx.post(f"{cluster.base_url}/detokenize", json={"tokens": tokens.json()["tokens"]},
+                             headers=auth, timeout=30)
     assert detokenized.json()["prompt"] == "The capital of France is"
     wrong_key = openai.OpenAI(base_url=f"{cluster.base_url}/v1", api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
