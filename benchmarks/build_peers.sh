@@ -18,7 +18,15 @@ if [ ! -x "$PEERS/llama.cpp/bin/llama-bench" ]; then
   sdist=$(ls "$PEERS"/src/llama_cpp_python-*.tar.gz | sort -V | tail -1)
   tar xzf "$sdist" -C "$PEERS/src"
   vendor="${sdist%.tar.gz}/vendor/llama.cpp"
-  cmake -S "$vendor" -B "$PEERS/llama-build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
+  isa_flags=(-DGGML_NATIVE=ON)
+  # On AMX CPUs a native build routes matmuls to ggml's AMX path, which dies with SIGILL (tilezero in an
+  # OpenMP worker) on the KVM machines Shrike is developed on; the same features minus AMX instead.
+  if grep -qw amx_tile /proc/cpuinfo; then
+    isa_flags=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+               -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON
+               -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
+  fi
+  cmake -S "$vendor" -B "$PEERS/llama-build" -DCMAKE_BUILD_TYPE=Release "${isa_flags[@]}" -DLLAMA_CURL=OFF \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON
   nice cmake --build "$PEERS/llama-build" --target llama-bench llama-server llama-quantize -j "$(nproc)"
   mkdir -p "$PEERS/llama.cpp"
