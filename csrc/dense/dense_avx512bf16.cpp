@@ -135,11 +135,7 @@ void typed(const DenseProblem& p, int64_t r0, int64_t r1, int64_t c0, int64_t c1
 }  // namespace
 
 void dense_block(const DenseProblem& p, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
-  bool xf = p.x_dtype == DType::f32, wf = p.w_dtype == DType::f32;
-  if (xf && wf) return typed<float, float>(p, r0, r1, c0, c1);
-  if (xf) return typed<float, bf16>(p, r0, r1, c0, c1);
-  if (wf) return typed<bf16, float>(p, r0, r1, c0, c1);
-  typed<bf16, bf16>(p, r0, r1, c0, c1);
+  with_dtypes(p, [&](auto x, auto w) { typed<decltype(x), decltype(w)>(p, r0, r1, c0, c1); });
 }
 
 }  // namespace shrike::avx512bf16

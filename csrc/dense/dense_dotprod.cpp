@@ -70,36 +70,16 @@ void block(const DenseProblem& p, int64_t r0, int64_t c0) {
     SHRIKE_UNROLL for (int c = 0; c < CB; ++c) dense_store(p, r0 + r, c0 + c, reduce16(acc[r][c]));
 }
 
-// 2 rows x 2 outputs use 16 accumulator registers of the 32; one row takes 4 outputs.
-template <typename XT, typename WT>
-void typed(const DenseProblem& p, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
-  if (r1 - r0 == 1) {
-    int64_t c = c0;
-    for (; c + 4 <= c1; c += 4) block<1, 4, XT, WT>(p, r0, c);
-    for (; c < c1; ++c) block<1, 1, XT, WT>(p, r0, c);
-    return;
-  }
-  int64_t c = c0;
-  for (; c + 2 <= c1; c += 2) {
-    int64_t r = r0;
-    for (; r + 2 <= r1; r += 2) block<2, 2, XT, WT>(p, r, c);
-    if (r < r1) block<1, 2, XT, WT>(p, r, c);
-  }
-  if (c < c1) {
-    int64_t r = r0;
-    for (; r + 2 <= r1; r += 2) block<2, 1, XT, WT>(p, r, c);
-    if (r < r1) block<1, 1, XT, WT>(p, r, c);
-  }
-}
-
 }  // namespace
 
 void dense_block(const DenseProblem& p, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
-  bool xf = p.x_dtype == DType::f32, wf = p.w_dtype == DType::f32;
-  if (xf && wf) return typed<float, float>(p, r0, r1, c0, c1);
-  if (xf) return typed<float, bf16>(p, r0, r1, c0, c1);
-  if (wf) return typed<bf16, float>(p, r0, r1, c0, c1);
-  typed<bf16, bf16>(p, r0, r1, c0, c1);
+  with_dtypes(p, [&](auto x, auto w) {
+    using XT = decltype(x);
+    using WT = decltype(w);
+    walk_2x2(r0, r1, c0, c1, [&](auto rows, auto cols, int64_t r, int64_t c) {
+      block<decltype(rows)::value, decltype(cols)::value, XT, WT>(p, r, c);
+    });
+  });
 }
 
 }  // namespace shrike::dotprod

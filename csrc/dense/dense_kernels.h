@@ -12,6 +12,7 @@
 //   y = acc[0] + bias[c], rounded once to the output dtype.
 #pragma once
 #include <cstdint>
+#include <type_traits>
 
 #include "common/bf16.h"
 #include "common/dtype.h"
@@ -56,6 +57,43 @@ inline void dense_store(const DenseProblem& p, int64_t r, int64_t c, float sum) 
     static_cast<float*>(p.out)[r * p.n + c] = y;
   else
     static_cast<bf16*>(p.out)[r * p.n + c] = float_to_bf16(y);
+}
+
+// The call's dtype pair as types: typed(XT{}, WT{}), each float or bf16.
+template <typename Typed>
+inline void with_dtypes(const DenseProblem& p, Typed typed) {
+  const bool xf = p.x_dtype == DType::f32, wf = p.w_dtype == DType::f32;
+  if (xf && wf) return typed(float{}, float{});
+  if (xf) return typed(float{}, bf16{});
+  if (wf) return typed(bf16{}, float{});
+  typed(bf16{}, bf16{});
+}
+
+template <int N>
+using DenseCount = std::integral_constant<int, N>;
+
+// The register-block walk of the variants with 2 x 2 blocks (AVX2, NEON): one row (decode) takes
+// 4 outputs at a time; more rows take 2 x 2 blocks, then the remainders.
+// block(DenseCount<ROWS>{}, DenseCount<COLS>{}, r, c) computes rows [r, r + ROWS) x outputs [c, c + COLS).
+template <typename Block>
+inline void walk_2x2(int64_t r0, int64_t r1, int64_t c0, int64_t c1, Block block) {
+  if (r1 - r0 == 1) {
+    int64_t c = c0;
+    for (; c + 4 <= c1; c += 4) block(DenseCount<1>{}, DenseCount<4>{}, r0, c);
+    for (; c < c1; ++c) block(DenseCount<1>{}, DenseCount<1>{}, r0, c);
+    return;
+  }
+  int64_t c = c0;
+  for (; c + 2 <= c1; c += 2) {
+    int64_t r = r0;
+    for (; r + 2 <= r1; r += 2) block(DenseCount<2>{}, DenseCount<2>{}, r, c);
+    if (r < r1) block(DenseCount<1>{}, DenseCount<2>{}, r, c);
+  }
+  if (c < c1) {
+    int64_t r = r0;
+    for (; r + 2 <= r1; r += 2) block(DenseCount<2>{}, DenseCount<1>{}, r, c);
+    if (r < r1) block(DenseCount<1>{}, DenseCount<1>{}, r, c);
+  }
 }
 }  // namespace
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from shrike.server.tools.base import PartialCall, ToolCall, ToolParser, arguments_json
-from shrike.server.tools.json_calls import partial_call_from_object
+from shrike.server.tools.json_calls import partial_calls_from_list
 from shrike.server.tools.partial_json import scan_object, skip_whitespace
 
 
@@ -64,17 +64,4 @@ class RequiredToolParser(ToolParser):
             return []
         if section[i] != "[":
             raise ValueError("expected a list of calls")
-        calls, i = [], i + 1
-        while True:
-            i = skip_whitespace(section, i)
-            if i >= len(section) or section[i] == "]":
-                return calls
-            if section[i] == ",":
-                i += 1
-                continue
-            call, end = partial_call_from_object(section, i)
-            if call is not None:
-                calls.append(call)
-            if end is None:
-                return calls
-            i = end
+        return partial_calls_from_list(section, i)

@@ -33,3 +33,21 @@ def partial_call_from_object(text: str, pos: int) -> tuple[PartialCall | None, i
     if scan.end is not None and key is None:
         arguments = "{}"
     return (PartialCall(name, arguments) if name else None), scan.end
+
+
+def partial_calls_from_list(text: str, pos: int) -> list[PartialCall]:
+    """The calls so far of a possibly unfinished JSON list of call objects whose "[" is at text[pos]."""
+    calls, i = [], pos + 1
+    while True:
+        i = skip_whitespace(text, i)
+        if i >= len(text) or text[i] == "]":
+            return calls
+        if text[i] == ",":
+            i += 1
+            continue
+        call, end = partial_call_from_object(text, i)
+        if call is not None:
+            calls.append(call)
+        if end is None:
+            return calls
+        i = end

@@ -5,7 +5,7 @@ import json
 import re
 
 from shrike.server.tools.base import PartialCall, ToolCall, ToolParser, arguments_json, trailing_prefix_length
-from shrike.server.tools.json_calls import call_from_object, partial_call_from_object
+from shrike.server.tools.json_calls import call_from_object, partial_calls_from_list
 from shrike.server.tools.partial_json import scan_object, skip_whitespace, value_end
 
 TOOL_CALLS, ARGS = "[TOOL_CALLS]", "[ARGS]"
@@ -57,20 +57,7 @@ class MistralToolParser(ToolParser):
         if pos >= len(section):
             return []
         if section[pos] == "[":
-            calls, i = [], pos + 1
-            while True:
-                i = skip_whitespace(section, i)
-                if i >= len(section) or section[i] == "]":
-                    return calls
-                if section[i] == ",":
-                    i += 1
-                    continue
-                call, end = partial_call_from_object(section, i)
-                if call is not None:
-                    calls.append(call)
-                if end is None:
-                    return calls
-                i = end
+            return partial_calls_from_list(section, pos)
         calls = []
         for block in section.split(TOOL_CALLS)[1:]:
             name, has_args, arguments = block.partition(ARGS)
