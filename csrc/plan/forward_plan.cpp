@@ -128,6 +128,23 @@ void ForwardPlan::consume(const Linear& l, const void* x, int64_t rows, void* ou
   linear(l, x, rows, out, dt);
 }
 
+namespace {
+// Rows per task when a prefill's per-row work (norm or silu*up, then quantization) is spread over
+// the pool; each row writes only its own outputs, so the split does not change a bit.
+constexpr int64_t kRowsPerTask = 8;
+
+template <typename RowFn>
+void over_rows(int64_t rows, RowFn row) {
+  if (rows <= kRowsPerTask) {
+    for (int64_t t = 0; t < rows; ++t) row(t);
+    return;
+  }
+  runtime::parallel_for((rows + kRowsPerTask - 1) / kRowsPerTask, [&](int64_t task) {
+    for (int64_t t = task * kRowsPerTask; t < std::min(rows, (task + 1) * kRowsPerTask); ++t) row(t);
+  });
+}
+}  // namespace
+
 // normed_ = rmsnorm(residual (+= delta_ when add)), quantized row by row for `consumer`.
 void ForwardPlan::norm_for(const Linear& consumer, const void* weight, int64_t tokens, bool add) {
   const Shape& s = shape;
@@ -136,7 +153,7 @@ void ForwardPlan::norm_for(const Linear& consumer, const void* weight, int64_t t
     if (add) return add_rmsnorm(delta_.data(), residual_.data(), weight, normed_.data(), tokens, s.hidden, s.eps, s.act_dtype);
     return rmsnorm(residual_.data(), weight, normed_.data(), tokens, s.hidden, s.eps, s.act_dtype);
   }
-  for (int64_t t = 0; t < tokens; ++t) {
+  over_rows(tokens, [&](int64_t t) {
     uint8_t* residual = residual_.data() + t * row_bytes;
     uint8_t* normed = normed_.data() + t * row_bytes;
     if (add)
@@ -144,7 +161,7 @@ void ForwardPlan::norm_for(const Linear& consumer, const void* weight, int64_t t
     else
       rmsnorm(residual, weight, normed, 1, s.hidden, s.eps, s.act_dtype);
     quantize_row(consumer, normed, t);
-  }
+  });
 }
 
 // act_ = silu(gate) * up, quantized row by row for `consumer`.
@@ -152,11 +169,11 @@ void ForwardPlan::silu_mul_for(const Linear& consumer, int64_t tokens) {
   const Shape& s = shape;
   if (consumer.kind == LinearKind::dense) return silu_mul(gate_up_.data(), act_.data(), tokens, s.intermediate, s.act_dtype);
   const size_t e = element_bytes(s.act_dtype);
-  for (int64_t t = 0; t < tokens; ++t) {
+  over_rows(tokens, [&](int64_t t) {
     uint8_t* act = act_.data() + t * s.intermediate * e;
     silu_mul(gate_up_.data() + t * 2 * s.intermediate * e, act, 1, s.intermediate, s.act_dtype);
     quantize_row(consumer, act, t);
-  }
+  });
 }
 
 // x *= factor or x /= factor, rounded to the activation dtype the way torch treats a Python scalar.
