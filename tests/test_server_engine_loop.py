@@ -103,6 +103,42 @@ def test_admission_is_all_or_nothing_and_bounded(engine, prompt):
     assert not engine.has_unfinished()
 
 
+def test_a_request_for_several_sequences_gets_the_slots_freed_under_overload(engine, prompt, monkeypatch):
+    # Capacity 4 (2 running + 2 queued). Under steady overload singles would take every freed slot and
+    # an n=2 request would never find two free at once; instead the slots are held for it.
+    async def scenario(loop_engine):
+        singles = [await loop_engine.submit([prompt], LONG) for _ in range(4)]
+        pair = asyncio.ensure_future(loop_engine.submit([prompt], SamplingParams(n=2, max_tokens=3, temperature=0)))
+        await asyncio.sleep(0.05)
+        assert not pair.done()  # waiting, not refused
+        with pytest.raises(QueueFullError):  # only one request waits for room at a time
+            await loop_engine.submit([prompt, prompt], SHORT)
+        singles.pop().close()
+        with pytest.raises(QueueFullError):  # the freed slot is held for the pair
+            await loop_engine.submit([prompt], SHORT)
+        singles.pop().close()
+        outputs = [output async for output in await asyncio.wait_for(pair, 10)]
+        for generation in singles:
+            generation.close()
+        return outputs
+
+    outputs = run_with_loop(engine, scenario)
+    assert {delta.index for output in outputs for delta in output.deltas if delta.finish_reason} == {0, 1}
+
+    async def gives_up(loop_engine):
+        held = await loop_engine.submit([prompt] * 4, LONG)
+        try:
+            with pytest.raises(QueueFullError):
+                await loop_engine.submit([prompt], SamplingParams(n=2, max_tokens=3))
+            assert loop_engine._reservation is None
+        finally:
+            held.close()
+
+    monkeypatch.setattr("shrike.engine.async_engine.MULTI_SEQUENCE_WAIT_SECONDS", 0.2)
+    run_with_loop(engine, gives_up)
+    assert not engine.has_unfinished()
+
+
 def _thread_cpu_seconds(native_id: int) -> float:
     fields = open(f"/proc/self/task/{native_id}/stat").read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime

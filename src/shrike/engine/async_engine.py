@@ -82,6 +82,11 @@ class _Stop:
 
 _generation_counter = itertools.count()
 
+# How long a request needing several sequences (n > 1, or a list of prompts) may wait for room. Under steady
+# overload single-sequence requests take every slot as it frees, so without a reservation such a request
+# would never find n slots free at once; with it, freed slots are held for it and singles get 503 instead.
+MULTI_SEQUENCE_WAIT_SECONDS = 30.0
+
 
 @dataclass(eq=False)
 class Generation:
@@ -146,6 +151,7 @@ class AsyncEngine:
         # Touched on the event loop only.
         self._generations: dict[str, Generation] = {}
         self._sequences_in_flight = 0
+        self._reservation: tuple[int, asyncio.Future] | None = None  # (sequences, room_ready) of the one waiter
         self._stopped = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -190,9 +196,8 @@ class AsyncEngine:
         if generation.num_sequences > self.capacity:
             raise ValueError(f"this request needs {generation.num_sequences} sequences (prompts times n) but the "
                              f"server holds at most {self.capacity} at once; split it")
-        if self._sequences_in_flight + generation.num_sequences > self.capacity:
-            raise QueueFullError(f"the server is busy: {self._sequences_in_flight} sequences are in flight and "
-                                 f"at most {self.capacity} may be; retry shortly")
+        if not self._has_room(generation.num_sequences, self._reserved_sequences()):
+            await self._wait_for_room(generation.num_sequences)
         for rid in generation.request_ids:
             self._generations[rid] = generation
         self._sequences_in_flight += generation.num_sequences
@@ -209,10 +214,36 @@ class AsyncEngine:
         self.observer.on_admitted(sum(len(p) for p in prompts))
         return generation
 
+    def _has_room(self, num_sequences: int, reserved: int = 0) -> bool:
+        return self._sequences_in_flight + num_sequences + reserved <= self.capacity
+
+    async def _wait_for_room(self, num_sequences: int) -> None:
+        busy = QueueFullError(f"the server is busy: {self._sequences_in_flight} sequences are in flight and "
+                              f"at most {self.capacity} may be; retry shortly")
+        if num_sequences == 1 or self._reservation is not None:
+            raise busy
+        room_ready = self._loop.create_future()
+        self._reservation = (num_sequences, room_ready)
+        try:
+            await asyncio.wait_for(room_ready, MULTI_SEQUENCE_WAIT_SECONDS)
+        except asyncio.TimeoutError:
+            raise busy from None
+        finally:
+            self._reservation = None
+        if not self.is_running:
+            raise EngineStoppedError("the server is shutting down")
+
+    def _reserved_sequences(self) -> int:
+        return 0 if self._reservation is None else self._reservation[0]
+
     def _release(self, generation: Generation) -> None:
         for rid in generation.request_ids:
             self._generations.pop(rid, None)
         self._sequences_in_flight -= generation.num_sequences
+        if self._reservation is not None:
+            needed, room_ready = self._reservation
+            if not room_ready.done() and self._has_room(needed):
+                room_ready.set_result(None)
         if generation.unfinished_sequences:
             self._commands.put(_Abort(list(generation.request_ids)))
             self._finish_all(generation, "abort")
@@ -249,6 +280,8 @@ class AsyncEngine:
     def _fail_everything(self, error: Exception) -> None:
         """The engine thread has ended: nothing in flight will get another output."""
         self._stopped = True
+        if self._reservation is not None and not self._reservation[1].done():
+            self._reservation[1].set_result(None)  # the waiter sees the engine stopped
         for generation in set(self._generations.values()):
             if not generation.admitted.done():
                 generation.admitted.set_exception(error)
