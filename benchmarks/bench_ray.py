@@ -23,16 +23,15 @@ import asyncio
 import json
 import os
 import re
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
+
+from shrike.server.child import ServerProcess
 
 SERVED_NAME = "bench"
 CONFIGS = {
@@ -47,44 +46,19 @@ SYSTEM_PROMPTS = [f"You are assistant number {i} of a travel agency. " + ("Answe
 READY_TIMEOUT_S = 300
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _start(config: str, log_path: Path) -> ServerProcess:
+    server = ServerProcess(["--served-model-name", SERVED_NAME, "--max-model-len", "2048", "--kv-cache-space", "0.5",
+                            "--disable-log-stats", *CONFIGS[config]], log_path,
+                           env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
 
-
-def _start(config: str, log_path: Path) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
-    command = [sys.executable, "-m", "shrike.cli", "serve", "--port", str(port), "--served-model-name", SERVED_NAME,
-               "--max-model-len", "2048", "--kv-cache-space", "0.5", "--disable-log-stats", *CONFIGS[config]]
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{config} exited during start-up:\n{log_path.read_text()[-3000:]}")
+    def ready() -> bool:
         try:
-            response = httpx.get(f"{base}/health", timeout=2)
-            ray = "--ray" in CONFIGS[config]
-            ready = response.status_code == 200 and (not ray or response.json()["status"] == "ok")
-            if ready and "serving" in log_path.read_text():
-                return process, base
+            response = httpx.get(f"{server.base_url}/health", timeout=2)
+            ray_ok = "--ray" not in CONFIGS[config] or response.json()["status"] == "ok"
+            return response.status_code == 200 and ray_ok and "serving" in server.log
         except (httpx.TransportError, ValueError):
-            pass
-        time.sleep(0.5)
-    process.kill()
-    raise RuntimeError(f"{config} not ready within {READY_TIMEOUT_S} s")
-
-
-def _stop(process: subprocess.Popen) -> None:
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(timeout=90)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+            return False
+    return server.wait_ready(READY_TIMEOUT_S, ready)
 
 
 def _prefix_counters(base: str) -> tuple[float, float]:
@@ -164,11 +138,11 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for config in args.configs.split(","):
-            process, base = _start(config, Path(tmp) / f"{config}.log")
+            server = _start(config, Path(tmp) / f"{config}.log")
             try:
-                results[config] = asyncio.run(_workload(base, args.streams, args.waves, args.max_tokens))
+                results[config] = asyncio.run(_workload(server.base_url, args.streams, args.waves, args.max_tokens))
             finally:
-                _stop(process)
+                server.stop(timeout=90)
             print(config, json.dumps({k: round(v, 4) for k, v in results[config].items()}), flush=True)
     if "single" in results:
         for config in results.keys() - {"single"}:

@@ -26,7 +26,6 @@ import argparse
 import asyncio
 import json
 import random
-import signal
 import socket
 import struct
 import subprocess
@@ -39,8 +38,9 @@ from pathlib import Path
 
 import httpx
 
+from shrike.server.child import HOST, ServerProcess, ServerStartError
+
 SERVED_NAME = "soak"
-HOST = "127.0.0.1"
 STARTUP_TIMEOUT_S = 300
 IDLE_TIMEOUT_S = 60
 MAX_FAILURE_SAMPLES = 20
@@ -354,43 +354,16 @@ async def _wait_idle(client: httpx.AsyncClient, timeout: float) -> dict[str, flo
 
 # The run ----------------------------------------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-
-
-def _start_server(args: argparse.Namespace, port: int, log_path: Path) -> subprocess.Popen:
-    command = [sys.executable, "-m", "shrike.cli", "serve", *([args.model] if args.model else []),
-               "--host", HOST, "--port", str(port), "--served-model-name", SERVED_NAME,
-               "--max-num-seqs", str(args.max_num_seqs), "--max-queue-len", str(args.max_queue_len),
-               "--max-model-len", str(args.max_model_len), "--kv-cache-space", str(args.kv_cache_space),
-               "--max-num-batched-tokens", str(args.max_num_batched_tokens),
-               "--disable-log-stats", *args.serve_flag]
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"soak: shrike serve exited with {process.returncode} during start-up; log: {log_path}")
-        try:
-            if httpx.get(f"http://{HOST}:{port}/health", timeout=2).status_code == 200:
-                return process
-        except httpx.TransportError:
-            pass
-        time.sleep(0.3)
-    process.kill()
-    raise SystemExit(f"soak: shrike serve was not healthy within {STARTUP_TIMEOUT_S} s; log: {log_path}")
-
-
-def _stop_server(process: subprocess.Popen) -> int | None:
-    process.send_signal(signal.SIGTERM)
+def _start_server(args: argparse.Namespace, log_path: Path) -> ServerProcess:
+    server = ServerProcess([*([args.model] if args.model else []), "--served-model-name", SERVED_NAME,
+                            "--max-num-seqs", str(args.max_num_seqs), "--max-queue-len", str(args.max_queue_len),
+                            "--max-model-len", str(args.max_model_len), "--kv-cache-space", str(args.kv_cache_space),
+                            "--max-num-batched-tokens", str(args.max_num_batched_tokens),
+                            "--disable-log-stats", *args.serve_flag], log_path)
     try:
-        return process.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-        return None
+        return server.wait_ready(STARTUP_TIMEOUT_S)
+    except ServerStartError as e:
+        raise SystemExit(f"soak: {e}") from None
 
 
 async def _drive(args: argparse.Namespace, port: int, process: subprocess.Popen) -> dict:
@@ -486,13 +459,13 @@ def _summary(args, tally: Tally, watch: Watch, idle: dict[str, float], load_seco
 
 def run(args: argparse.Namespace) -> dict:
     log_dir = Path(args.log_dir) if args.log_dir else Path(tempfile.mkdtemp(prefix="shrike-soak-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / "server.log"
-    port = _free_port()
-    process = _start_server(args, port, log_path)
+    server = _start_server(args, log_path)
     try:
-        summary = asyncio.run(_drive(args, port, process))
+        summary = asyncio.run(_drive(args, server.port, server.process))
     finally:
-        exit_code = _stop_server(process)
+        exit_code = server.stop(timeout=60)
     log = log_path.read_text(errors="replace")
     summary["server_exit_code"] = exit_code
     summary["server_log"] = str(log_path)

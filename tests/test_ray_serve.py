@@ -20,7 +20,8 @@ import httpx
 import openai
 import pytest
 
-from test_server_lifecycle import SERVED_NAME, free_port, serve_command
+from shrike.server.child import ServerProcess
+from test_server_lifecycle import SERVED_NAME
 
 STARTUP_TIMEOUT_SECONDS = 240
 API_KEY = "ray-test-key"
@@ -32,15 +33,21 @@ SHARED_SYSTEM_PROMPT = ("You answer questions about European geography for a tra
 
 @dataclass
 class Cluster:
-    process: subprocess.Popen
-    base_url: str
-    log_path: Path
+    server: ServerProcess
     gcs_address: str
     ray_processes: set[tuple[int, str]]  # (pid, start time) of every process under `shrike serve --ray`
 
     @property
+    def process(self) -> subprocess.Popen:
+        return self.server.process
+
+    @property
+    def base_url(self) -> str:
+        return self.server.base_url
+
+    @property
     def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
+        return self.server.log
 
 
 def _ray_env() -> dict[str, str]:
@@ -52,28 +59,17 @@ def _ray_env() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def cluster(default_model_dir, tmp_path_factory) -> Iterator[Cluster]:
-    port = free_port()
-    log_path = tmp_path_factory.mktemp("ray") / "serve.log"
-    command = serve_command(str(default_model_dir), "--ray", "--num-replicas", "2", "--cpus-per-replica", "1",
-                            "--port", str(port), "--served-model-name", SERVED_NAME, "--api-key", API_KEY,
-                            "--max-model-len", "1024", "--kv-cache-space", "0.25", "--disable-log-stats")
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=_ray_env())
-    base_url = f"http://127.0.0.1:{port}"
+    server = ServerProcess([str(default_model_dir), "--ray", "--num-replicas", "2", "--cpus-per-replica", "1",
+                            "--served-model-name", SERVED_NAME, "--api-key", API_KEY, "--max-model-len", "1024",
+                            "--kv-cache-space", "0.25", "--disable-log-stats"],
+                           tmp_path_factory.mktemp("ray") / "serve.log", env=_ray_env())
+    started = re.compile(r"serving .* on Ray \(local cluster (\S+)\)")
     try:
-        started = re.compile(r"serving .* on Ray \(local cluster (\S+)\)")
-        _wait_until(lambda: started.search(log_path.read_text()) and _health(base_url).get("status") == "ok",
-                    STARTUP_TIMEOUT_SECONDS, process, log_path, "both replicas running")
-        gcs = started.search(log_path.read_text()).group(1)
-        yield Cluster(process, base_url, log_path, gcs, _descendants(process.pid))
+        server.wait_ready(STARTUP_TIMEOUT_SECONDS,
+                          lambda: bool(started.search(server.log)) and _health(server.base_url).get("status") == "ok")
+        yield Cluster(server, started.search(server.log).group(1), _descendants(server.pid))
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        server.stop(timeout=60)
 
 
 @pytest.fixture(scope="module")
@@ -86,17 +82,6 @@ def _health(base_url: str) -> dict:
         return httpx.get(f"{base_url}/health", timeout=5).json()
     except (httpx.TransportError, ValueError):
         return {}
-
-
-def _wait_until(condition, timeout: float, process: subprocess.Popen, log_path: Path, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"shrike serve --ray exited with {process.returncode}:\n{log_path.read_text()[-5000:]}")
-        if condition():
-            return
-        time.sleep(0.3)
-    pytest.fail(f"not reached within {timeout} s: {what}\n{log_path.read_text()[-5000:]}")
 
 
 def _descendants(root: int) -> set[tuple[int, str]]:
@@ -221,8 +206,7 @@ def test_a_killed_replica_fails_only_its_stream_and_ray_replaces_it(cluster, cli
         survivors.add(raw.headers["x-shrike-replica"])
     assert victim not in survivors
     assert _health(cluster.base_url)["status"] == "degraded"
-    _wait_until(lambda: _health(cluster.base_url).get("status") == "ok", 120, cluster.process, cluster.log_path,
-                "the killed replica replaced")
+    cluster.server.wait_ready(120, lambda: _health(cluster.base_url).get("status") == "ok")  # replica replaced
     replicas = set(_replica_metric(cluster.base_url, "shrike:generation_tokens_total"))
     assert len(replicas) == 2 and victim not in replicas
 

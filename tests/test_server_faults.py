@@ -2,7 +2,6 @@
 clients resetting their connection, SIGTERM under load. Each leaves the server (or the next start) whole."""
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
 import os
@@ -20,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
-from test_server_lifecycle import SERVED_NAME, free_port, running_server, serve_command
+from test_server_lifecycle import SERVED_NAME, running_server
 
 from shrike.default_model import converted_gguf_dir
 from shrike.errors import ConfigError
@@ -28,6 +27,7 @@ from shrike.eval_ppl import sequence_logits
 from shrike.model.loader import load_model
 from shrike.model.weights import CheckpointTensors
 from shrike.quantization.repack_cache import MANIFEST
+from shrike.server.child import ServerProcess, serve_command
 from shrike.synth import synthesize
 
 IDS = list(range(200, 232))
@@ -178,26 +178,15 @@ def _limit_file_size():
 
 def _serve_and_ask(model: Path, log_path: Path, env: dict[str, str], preexec=None) -> str:
     """Serve `model`, get one completion, stop; the server's log."""
-    port = free_port()
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(serve_command(str(model), "--port", str(port), "--max-model-len", "256",
-                                                 "--kv-cache-space", "0.05", "--served-model-name", SERVED_NAME),
-                                   stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=preexec)
+    server = ServerProcess([str(model), "--max-model-len", "256", "--kv-cache-space", "0.05",
+                            "--served-model-name", SERVED_NAME], log_path, env=env, preexec_fn=preexec)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert process.poll() is None, log_path.read_text()
-            assert time.monotonic() < deadline, log_path.read_text()
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
-            time.sleep(0.3)
-        response = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=60,
+        server.wait_ready(120)
+        response = httpx.post(f"{server.base_url}/v1/completions", timeout=60,
                               json={"model": SERVED_NAME, "prompt": [1, 2, 3], "max_tokens": 4, "ignore_eos": True})
         assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 4, response.text
     finally:
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=30) == 0
+        assert server.stop() == 0
     return log_path.read_text()
 
 

@@ -9,75 +9,30 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 
+from shrike.server.child import ServerProcess, serve_command
+
 STARTUP_TIMEOUT_SECONDS = 180  # a cold start converts the default model first
 SERVED_NAME = "shrike-test"
 
 
-@dataclass
-class Server:
-    process: subprocess.Popen
-    base_url: str
-    log_path: Path
-
-    @property
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def serve_command(*flags: str) -> list[str]:
-    return [sys.executable, "-m", "shrike.cli", "serve", *flags]
-
-
 @contextlib.contextmanager
-def running_server(model_dir: Path, log_path: Path, *flags: str) -> Iterator[Server]:
+def running_server(model_dir: Path, log_path: Path, *flags: str) -> Iterator[ServerProcess]:
     """A real `shrike serve` on a free port, small enough to share the machine; stopped at the end."""
-    port = free_port()
-    command = serve_command(str(model_dir), "--port", str(port), "--served-model-name", SERVED_NAME,
-                            "--max-model-len", "2048", "--kv-cache-space", "0.5", "--disable-log-stats", *flags)
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-    server = Server(process, f"http://127.0.0.1:{port}", log_path)
+    server = ServerProcess([str(model_dir), "--served-model-name", SERVED_NAME, "--max-model-len", "2048",
+                            "--kv-cache-space", "0.5", "--disable-log-stats", *flags], log_path)
     try:
-        _wait_healthy(server)
+        server.wait_ready(STARTUP_TIMEOUT_SECONDS)
         yield server
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        server.stop()
     assert "Traceback" not in server.log, server.log
-
-
-def _wait_healthy(server: Server) -> None:
-    deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
-    while time.monotonic() < deadline:
-        if server.process.poll() is not None:
-            pytest.fail(f"shrike serve exited with {server.process.returncode} during start-up:\n{server.log}")
-        try:
-            if httpx.get(f"{server.base_url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.3)
-    pytest.fail(f"shrike serve was not healthy within {STARTUP_TIMEOUT_SECONDS} s:\n{server.log}")
 
 
 def test_startup_line_and_sigterm_during_a_stream_exits_zero(default_model_dir, tmp_path):
