@@ -50,7 +50,7 @@ def test_verify_follows_the_target_distribution(with_draft_probs):
     proposal = torch.tensor([0.1, 0.6, 0.1, 0.1, 0.1])
     logits = target.log().repeat(2, 1)  # (k + 1 = 2, V): rows for the draft position and the bonus
     row = SamplingRow(SamplingParams(temperature=1.0), [0], [], frozenset(), torch.Generator().manual_seed(7))
-    draws = torch.multinomial(proposal, 20000, replacement=True, generator=torch.Generator().manual_seed(1))
+    draws = torch.multinomial(proposal, 2000, replacement=True, generator=torch.Generator().manual_seed(1))
     counts = [0] * 5
     for x in draws.tolist():
         if with_draft_probs:  # a sampling proposer: q is its distribution
@@ -67,22 +67,22 @@ def _tokens_at(engine: LLMEngine, prompt: list[int], params: SamplingParams, pos
 
 
 def test_sampled_engine_output_matches_plain_distribution(default_model_dir):
-    """Many seeds, temperature 1.5 on a text whose continuation n-gram lookup guesses often (and often
-    wrongly at this temperature): token frequencies at several output positions agree with plain decoding."""
+    """Many seeds at temperature 1 on a text whose continuation n-gram lookup guesses often (and, sampled,
+    often wrongly): token frequencies at several output positions agree with plain decoding."""
     def engine(speculative: bool) -> LLMEngine:
         return LLMEngine(EngineConfig(model=str(default_model_dir), dtype="float32", max_model_len=128,
                                       progress=False, max_num_seqs=256, kv_cache_space_gib=0.25,
                                       speculative_config=NGRAM if speculative else None))
     plain, spec = engine(False), engine(True)
-    prompt = plain.tokenizer.encode("red green blue, red green blue, red green blue, red green blue, red")
+    prompt = plain.tokenizer.encode("1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2,")
     positions = [1, 2, 3]
-    n = 800
-    want = _tokens_at(plain, prompt, SamplingParams(n=n, max_tokens=4, temperature=1.5, seed=1000, ignore_eos=True),
+    n = 200
+    want = _tokens_at(plain, prompt, SamplingParams(n=n, max_tokens=4, temperature=1.0, seed=1000, ignore_eos=True),
                       positions)
-    got = _tokens_at(spec, prompt, SamplingParams(n=n, max_tokens=4, temperature=1.5, seed=5000, ignore_eos=True),
+    got = _tokens_at(spec, prompt, SamplingParams(n=n, max_tokens=4, temperature=1.0, seed=5000, ignore_eos=True),
                      positions)
     stats = spec.speculator.stats
-    assert stats.num_accepted > 100 and stats.num_proposed - stats.num_accepted > 100, stats
+    assert stats.num_accepted > 40 and stats.num_proposed - stats.num_accepted > 40, stats
     for position, a, b in zip(positions, want, got):
         p = chi_square_p_value(_binned([a, b]))
         assert p > P_VALUE_FLOOR, f"output position {position}: p = {p:.2e}"

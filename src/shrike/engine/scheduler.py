@@ -160,6 +160,8 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self.block_manager.release(seq)
+        if self.speculator is not None:
+            self.speculator.forget(seq)
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
@@ -175,5 +177,7 @@ class Scheduler:
         elif seq.status == SequenceStatus.WAITING:
             self.waiting.remove(seq)
         self.block_manager.release(seq)
+        if self.speculator is not None:
+            self.speculator.forget(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason

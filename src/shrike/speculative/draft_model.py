@@ -42,7 +42,6 @@ class DraftModel:
         self.shadows: dict[int, tuple[Sequence, Sequence]] = {}  # target seq_id -> (target, shadow)
 
     def propose(self, requests: list[tuple[Sequence, int]]) -> list[list[int]]:
-        self._drop_stale({seq.seq_id for seq, _ in requests})
         drafts: dict[int, list[int]] = {}
         limits: dict[int, int] = {}
         shadows = []
@@ -97,10 +96,9 @@ class DraftModel:
         self.block_manager.trim(shadow, shadow.num_computed_tokens)
         return shadow
 
-    def _drop_stale(self, proposing: set[int]) -> None:
-        """Shadows of target sequences that finished or were preempted give their blocks back."""
-        for seq_id, (seq, shadow) in list(self.shadows.items()):
-            if seq.status != SequenceStatus.RUNNING or (seq_id not in proposing and seq.is_finished):
-                self.block_manager.release(shadow)
-                shadow.status = SequenceStatus.FINISHED
-                del self.shadows[seq_id]
+    def release(self, seq: Sequence) -> None:
+        """The target sequence finished or was preempted: its shadow gives its blocks back."""
+        entry = self.shadows.pop(seq.seq_id, None)
+        if entry is not None:
+            self.block_manager.release(entry[1])
+            entry[1].status = SequenceStatus.FINISHED

@@ -87,6 +87,11 @@ class Speculator:
         return [propose_ngram(self._state(seq).tokens(seq.token_ids), limit, c.prompt_lookup_min, c.prompt_lookup_max)
                 for seq, limit in requests]
 
+    def forget(self, seq: Sequence) -> None:
+        """The sequence finished or was preempted: a draft model frees its copy."""
+        if self.draft_model is not None:
+            self.draft_model.release(seq)
+
     def record(self, seq: Sequence, num_proposed: int, num_accepted: int) -> None:
         """After a verifying step of the sequence."""
         s = self.stats
