@@ -12,7 +12,6 @@ output length; the same token ids go to both engines. Shrike decode tok/s = (tok
 (-t --threads). Rounds are interleaved (every engine once per round, rotated), medians reported. One
 Shrike engine per model serves both variants: speculation is switched per run on its scheduler.
 """
-from __future__ import annotations
 
 import argparse
 import json
@@ -158,9 +157,9 @@ def main(argv: list[str] | None = None) -> int:
                              make_draft_gguf(args.peers, models / "smollm2-135m-bf16.gguf", work),
                              # No more aggressive Shrike format fits its 576-wide layers (G128 needs 128 | 576):
                              # the checkpoint drafts for itself, which shows the draft path's cost.
-                             models / "smollm2-135m-w4a8-g64", 160, True),
+                             models / "smollm2-135m-w4a8-g64", 128, True),
         "minicpm5-2b": ModelCase("MiniCPM5-2B synthetic W4A8-G128 / Q4_0", models / "minicpm5-2b-synth-w4a8-g128",
-                                 models / "minicpm5-2b-q4_0.gguf", None, None, 48, False),
+                                 models / "minicpm5-2b-q4_0.gguf", None, None, 32, False),
     }
     llama = args.peers / "llama-build/bin/llama-server"
     report: dict = {"threads": args.threads, "reps": args.reps, "ngram": NGRAM, "models": {}}
