@@ -3,11 +3,14 @@ alone, batched with non-speculating rows, with prefix-cache hits and with preemp
 returns to the pool after the rollbacks of rejected proposals."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from test_engine_batching import _gib_for_blocks
 
 from shrike.engine.llm_engine import EngineConfig, LLMEngine
 from shrike.sampling.params import SamplingParams
+from shrike.speculative.speculator import SpecStats
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
 PASSAGE = ("The lighthouse keeper climbed the spiral stairs every evening at dusk. He wound the clockwork, "
@@ -20,7 +23,7 @@ TEXTS = [
     "Water boils at",
     "A haiku about autumn leaves:\n",
 ]
-GREEDY = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+GREEDY = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
 
 
 def make_engine(model_dir, speculative: bool, **overrides) -> LLMEngine:
@@ -31,10 +34,20 @@ def make_engine(model_dir, speculative: bool, **overrides) -> LLMEngine:
 
 
 @pytest.fixture(scope="module")
-def plain(default_model_dir):
-    engine = make_engine(default_model_dir, speculative=False)
-    prompts = [engine.tokenizer.encode(t) for t in TEXTS]
-    return prompts, [engine.generate([p], GREEDY)[0][0].token_ids for p in prompts]
+def plain_engine(default_model_dir):
+    return make_engine(default_model_dir, speculative=False)
+
+
+@pytest.fixture(scope="module")
+def spec_engine(default_model_dir):
+    """Shared by the tests below: each leaves every block back in the pool."""
+    return make_engine(default_model_dir, speculative=True)
+
+
+@pytest.fixture(scope="module")
+def plain(plain_engine):
+    prompts = [plain_engine.tokenizer.encode(t) for t in TEXTS]
+    return prompts, [plain_engine.generate([p], GREEDY)[0][0].token_ids for p in prompts]
 
 
 def _check_all_blocks_free(engine: LLMEngine):
@@ -42,27 +55,31 @@ def _check_all_blocks_free(engine: LLMEngine):
     assert not engine.scheduler.running and not engine.scheduler.waiting
 
 
-def _check_speculated(engine: LLMEngine):
+def _check_speculated(engine: LLMEngine, before: SpecStats):
+    """Since `before` (a copy of the engine's figures), some proposals were accepted and some rejected."""
     stats = engine.speculator.stats
-    assert stats.num_accepted > 0, "no proposal was ever accepted: the test did not exercise speculation"
-    assert stats.num_accepted < stats.num_proposed, "no proposal was rejected: rollbacks were not exercised"
+    accepted, proposed = stats.num_accepted - before.num_accepted, stats.num_proposed - before.num_proposed
+    assert accepted > 0, "no proposal was accepted: the test did not exercise speculation"
+    assert accepted < proposed, "no proposal was rejected: rollbacks were not exercised"
 
 
-def test_alone_equals_plain(default_model_dir, plain):
+def test_alone_equals_plain(spec_engine, plain):
     prompts, expected = plain
-    engine = make_engine(default_model_dir, speculative=True)
+    engine = spec_engine
+    before = dataclasses.replace(engine.speculator.stats)
     for prompt, want in zip(prompts, expected):
         assert engine.generate([prompt], GREEDY)[0][0].token_ids == want
-    _check_speculated(engine)
+    _check_speculated(engine, before)
     _check_all_blocks_free(engine)
 
 
-def test_batched_with_sampled_rows_equals_plain(default_model_dir, plain):
+def test_batched_with_sampled_rows_equals_plain(spec_engine, plain):
     """Greedy rows speculate next to sampled and grammar-free rows that draw normally; blocks held never
     exceed what the kept tokens need."""
     prompts, expected = plain
-    engine = make_engine(default_model_dir, speculative=True)
-    sampled = SamplingParams(max_tokens=40, temperature=0.8, seed=3, ignore_eos=True)
+    engine = spec_engine
+    before = dataclasses.replace(engine.speculator.stats)
+    sampled = SamplingParams(max_tokens=32, temperature=0.8, seed=3, ignore_eos=True)
     for i, p in enumerate(prompts):
         engine.add_request(f"g{i}", p, GREEDY)
         engine.add_request(f"s{i}", p, sampled)
@@ -74,8 +91,8 @@ def test_batched_with_sampled_rows_equals_plain(default_model_dir, plain):
         for seq in engine.scheduler.running:  # rejected proposals' tail blocks went back after the step
             assert len(seq.block_table) <= engine.block_manager.blocks_for(seq.num_tokens)
     assert [got[f"g{i}"] for i in range(len(prompts))] == expected
-    assert all(len(got[f"s{i}"]) == 40 for i in range(len(prompts)))
-    _check_speculated(engine)
+    assert all(len(got[f"s{i}"]) == 32 for i in range(len(prompts)))
+    _check_speculated(engine, before)
     _check_all_blocks_free(engine)
 
 
@@ -86,23 +103,25 @@ def test_prefix_cache_hits_and_preemption_equal_plain(default_model_dir, plain):
     engine = make_engine(default_model_dir, speculative=True, block_size=4, max_model_len=128,
                          kv_cache_space_gib=_gib_for_blocks(default_model_dir, 32, 4))
     assert engine.block_manager.num_blocks == 32
+    before = dataclasses.replace(engine.speculator.stats)
     outputs = engine.generate(prompts + prompts, GREEDY)
     assert engine.scheduler.num_preemptions > 0
     assert engine.block_manager.prefix_hits > 0
     assert [o[0].token_ids for o in outputs] == expected + expected
-    _check_speculated(engine)
+    _check_speculated(engine, before)
     _check_all_blocks_free(engine)
 
 
-def test_logprobs_stop_strings_and_n_equal_plain(default_model_dir, plain):
+def test_logprobs_stop_strings_and_n_equal_plain(plain_engine, spec_engine, plain):
     prompts, _ = plain
     params = [SamplingParams(max_tokens=30, temperature=0, logprobs=2, n=2),
               SamplingParams(max_tokens=40, temperature=0, stop=["polished"]),
               SamplingParams(max_tokens=40, temperature=0, stop=["return a *"]),
               SamplingParams(max_tokens=5, temperature=0, min_tokens=3)]
     chosen = [prompts[0], prompts[0], prompts[1], prompts[2]]
-    reference = make_engine(default_model_dir, speculative=False).generate(chosen, params)
-    engine = make_engine(default_model_dir, speculative=True)
+    reference = plain_engine.generate(chosen, params)
+    engine = spec_engine
+    before = dataclasses.replace(engine.speculator.stats)
     got = engine.generate(chosen, params)
     for want_seqs, got_seqs in zip(reference, got):
         for want, have in zip(want_seqs, got_seqs):
@@ -114,5 +133,5 @@ def test_logprobs_stop_strings_and_n_equal_plain(default_model_dir, plain):
                 assert a.token_id == b.token_id and a.top_ids == b.top_ids
                 assert a.logprob == pytest.approx(b.logprob, abs=1e-4)
     assert got[1][0].finish_reason == "stop" and "polished" not in got[1][0].text
-    _check_speculated(engine)
+    _check_speculated(engine, before)
     _check_all_blocks_free(engine)
