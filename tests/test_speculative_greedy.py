@@ -27,8 +27,8 @@ GREEDY = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
 
 
 def make_engine(model_dir, speculative: bool, **overrides) -> LLMEngine:
-    config = dict(model=str(model_dir), dtype="float32", max_model_len=256, progress=False,
-                  speculative_config=NGRAM if speculative else None)
+    config = {"model": str(model_dir), "dtype": "float32", "max_model_len": 256, "progress": False,
+              "speculative_config": NGRAM if speculative else None}
     config.update(overrides)
     return LLMEngine(EngineConfig(**config))
 

@@ -7,7 +7,7 @@ import json
 import httpx
 import openai
 import pytest
-from test_server_api import metrics, wait_until_idle
+from test_server_api import wait_until_idle
 from test_server_lifecycle import SERVED_NAME, running_server
 
 from shrike.engine.llm_engine import EngineConfig, LLMEngine

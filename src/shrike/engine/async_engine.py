@@ -337,10 +337,10 @@ class AsyncEngine:
         return EngineLoad(len(running), len(waiting), blocks.usage, scheduler.num_preemptions,
                           blocks.prefix_queries, blocks.prefix_hits, blocks.num_blocks, blocks.num_free_blocks,
                           self._num_steps, self._longest_step_seconds,
-                          **({} if spec is None else dict(spec_drafts=spec.num_drafts,
-                                                          spec_proposed_tokens=spec.num_proposed,
-                                                          spec_accepted_tokens=spec.num_accepted,
-                                                          spec_emitted_tokens=spec.num_emitted)))
+                          **({} if spec is None else {"spec_drafts": spec.num_drafts,
+                                                      "spec_proposed_tokens": spec.num_proposed,
+                                                      "spec_accepted_tokens": spec.num_accepted,
+                                                      "spec_emitted_tokens": spec.num_emitted}))
 
     def _call_loop(self, callback, *args) -> None:
         try:

@@ -31,7 +31,7 @@ class ScheduledSequence:
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
                  max_model_len: int | None = None, eos_ids: frozenset[int] = frozenset(),
-                 speculator: "Speculator | None" = None):
+                 speculator: Speculator | None = None):
         self.speculator = speculator
         self.block_manager = block_manager
         self.max_model_len = max_model_len

@@ -16,7 +16,13 @@ from dataclasses import dataclass
 
 import torch
 
-from shrike.sampling.sampler import SamplingRow, TokenLogprobs, probabilities, processed_logits, top_logprobs
+from shrike.sampling.sampler import (
+    SamplingRow,
+    TokenLogprobs,
+    probabilities,
+    processed_logits,
+    top_logprobs,
+)
 
 
 @dataclass
