@@ -22,8 +22,9 @@ def test_draft_model_greedy_equals_plain(default_model_dir):
     assert [o[0].token_ids for o in got[:len(prompts)]] == want
     assert len(got[-1][0].token_ids) == 24
     stats = spec.speculator.stats
-    # The same weights draft for themselves: nearly everything is accepted (rounding may flip a near-tie).
-    assert stats.num_accepted > 0.8 * stats.num_proposed > 0
+    # The same weights draft for themselves: the greedy rows accept nearly everything; the sampled row's
+    # greedy drafts are often rejected (77% overall when this was written).
+    assert stats.num_accepted > 0.6 * stats.num_proposed > 0
     draft = spec.speculator.draft_model
     assert not spec.scheduler.running and spec.block_manager.num_free_blocks == spec.block_manager.num_blocks
     assert not draft.shadows and draft.block_manager.num_free_blocks == draft.block_manager.num_blocks
