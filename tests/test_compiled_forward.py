@@ -150,10 +150,10 @@ def test_the_runner_leaves_sequences_to_the_scheduler(tiny_dirs, tmp_path):
     before = (list(seq.token_ids), seq.num_computed_tokens, list(seq.output_logprobs))
     outputs = engine.runner.step(batch)
     assert (list(seq.token_ids), seq.num_computed_tokens, list(seq.output_logprobs)) == before
-    assert outputs[0].num_computed == 10 and outputs[0].token is not None
+    assert outputs[0].num_computed == 10 and len(outputs[0].tokens) == 1
     produced = engine.scheduler.postprocess(batch, outputs)
-    assert produced == [(seq, None)]
-    assert seq.num_computed_tokens == 10 and seq.output_ids == [outputs[0].token]
+    assert produced == [(seq, None, 1)]
+    assert seq.num_computed_tokens == 10 and seq.output_ids == outputs[0].tokens
 
 
 def test_plan_rejects_inputs_outside_its_buffers(tiny_dirs, tmp_path):

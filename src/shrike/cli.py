@@ -57,7 +57,12 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     gen.add_argument("--system", default=None, help="system message (with --chat)")
     _add_sampling_arguments(gen)
-    gen.add_argument("--stats", action="store_true", help="print time to first token and decode speed to stderr")
+    gen.add_argument("--stats", action="store_true",
+                     help="print time to first token, decode speed (and speculative acceptance) to stderr")
+    gen.add_argument("--speculative-config", default=None, metavar="JSON",
+                     help="speculative decoding, vLLM's JSON: '{\"method\": \"ngram\", \"num_speculative_tokens\": 5, "
+                        "\"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2}' proposes continuations of earlier "
+                        "text (exact: outputs equal those without it) (default: off)")
 
     conv = sub.add_parser("convert", help="convert a GGUF file to a Hugging Face-style directory",
                           description="Convert a GGUF (llama architecture) into bf16 safetensors + tokenizer + config.")
@@ -93,7 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-BENCHMARKS = {"kernels": "bench_kernels", "serving": "bench_serving", "reference": "bench_reference", "soak": "soak"}
+BENCHMARKS = {"kernels": "bench_kernels", "serving": "bench_serving", "reference": "bench_reference", "soak": "soak",
+              "spec": "bench_spec"}
 
 
 def _bench(args: argparse.Namespace) -> int:

@@ -22,7 +22,8 @@ def run_generate(args: argparse.Namespace) -> int:
     engine = LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, max_model_len=args.max_model_len,
                                     chat_template=args.chat_template, kv_cache_space_gib=args.kv_cache_space,
                                     cpu_threads=args.cpu_threads, cpu_bind=args.cpu_bind, max_num_seqs=1,
-                                    kernel_backend=args.kernel_backend, lm_head_quant=args.lm_head_quant))
+                                    kernel_backend=args.kernel_backend, lm_head_quant=args.lm_head_quant,
+                                    speculative_config=args.speculative_config))
     tok = engine.tokenizer
     if args.chat:
         messages = ([{"role": "system", "content": args.system}] if args.system else [])
@@ -50,4 +51,10 @@ def run_generate(args: argparse.Namespace) -> int:
         decode = (generated - 1) / (end - first) if generated > 1 and end > first else float("nan")
         print(f"prompt {len(prompt_ids)} tokens, generated {generated}; time to first token {first - start:.3f} s; "
               f"decode {decode:.1f} tokens/s", file=sys.stderr)
+        spec = engine.speculator
+        if spec is not None:
+            s = spec.stats
+            print(f"speculative decoding: {s.num_accepted} of {s.num_proposed} proposed tokens accepted "
+                  f"(acceptance rate {s.acceptance_rate:.1%}), {s.num_emitted} tokens from {s.num_drafts} "
+                  "verifying steps", file=sys.stderr)
     return 0

@@ -51,6 +51,10 @@ class EngineLoad:
     num_steps: int = 0  # loop iterations that had work
     longest_step_seconds: float = 0.0  # the longest such iteration: commands, step, hand-over
     sequences_in_flight: int = 0  # admitted and not yet released by their client's handler; 0 when idle
+    spec_drafts: int = 0  # speculative decoding: sequence steps that verified proposals
+    spec_proposed_tokens: int = 0  # proposed tokens
+    spec_accepted_tokens: int = 0  # of those, accepted
+    spec_emitted_tokens: int = 0  # tokens the verifying steps produced (accepted + the target's own)
 
 
 class GenerationObserver:
@@ -362,9 +366,14 @@ class AsyncEngine:
         scheduler, blocks = self.engine.scheduler, self.engine.block_manager
         running = {seq.request_id for seq in scheduler.running}
         waiting = {seq.request_id for seq in scheduler.waiting} - running
+        spec = self.engine.speculator.stats if self.engine.speculator is not None else None
         return EngineLoad(len(running), len(waiting), blocks.usage, scheduler.num_preemptions,
                           blocks.prefix_queries, blocks.prefix_hits, blocks.num_blocks, blocks.num_free_blocks,
-                          self._num_steps, self._longest_step_seconds)
+                          self._num_steps, self._longest_step_seconds,
+                          **({} if spec is None else {"spec_drafts": spec.num_drafts,
+                                                      "spec_proposed_tokens": spec.num_proposed,
+                                                      "spec_accepted_tokens": spec.num_accepted,
+                                                      "spec_emitted_tokens": spec.num_emitted}))
 
     def _call_loop(self, callback, *args) -> None:
         try:

@@ -107,6 +107,22 @@ class BlockManager:
                 self.cached.setdefault(block.key, seq.block_table[i])
         seq.num_registered_blocks = max(seq.num_registered_blocks, seq.num_computed_tokens // bs)
 
+    def trim(self, seq: Sequence, num_tokens: int) -> None:
+        """Return the blocks past the first num_tokens tokens (those of rejected proposals) to the pool.
+
+        They were never registered (only fully computed blocks are), so they come back empty.
+        """
+        keep = self.blocks_for(num_tokens)
+        if len(seq.block_table) <= keep:
+            return
+        for block_id in reversed(seq.block_table[keep:]):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self.free[block_id] = None
+        # A new list, not a cut in place: the model runner's copy of the table notices the change.
+        seq.block_table = seq.block_table[:keep]
+
     def release(self, seq: Sequence) -> None:
         # Tail blocks first, so that eviction takes a sequence's suffix before its shared prefix.
         for block_id in reversed(seq.block_table):

@@ -14,6 +14,9 @@ from shrike.model.loader import LoadedModel, load_model, resolve_dtype
 from shrike.platform.binding import bind_compute_threads
 from shrike.sampling.params import SamplingParams
 from shrike.sampling.sampler import TokenLogprobs
+from shrike.speculative.config import parse_speculative_config
+from shrike.speculative.draft_model import DraftModel
+from shrike.speculative.speculator import Speculator
 from shrike.tokenizer import IncrementalDecoder
 
 
@@ -35,6 +38,8 @@ class EngineConfig:
     kernel_backend: str = "auto"  # auto: the compiled kernel core; reference: the PyTorch reference (tests)
     lm_head_quant: str = "none"  # none: the checkpoint's precision; int8: per-row int8 (W8A8 kernel) from load
     compiled_forward: bool = True  # False: always the eager Python forward (the reference path)
+    # vLLM's --speculative-config: JSON text or a dict, e.g. {"method": "ngram", "num_speculative_tokens": 5}
+    speculative_config: str | dict | None = None
 
 
 @dataclass
@@ -76,6 +81,8 @@ class _Request:
 class LLMEngine:
     def __init__(self, config: EngineConfig):
         self.config = config
+        # Checked before anything loads: a wrong config is a one-line error, not a slow start and then one.
+        spec_config = parse_speculative_config(config.speculative_config)
         self.cores = bind_compute_threads(config.cpu_threads, config.cpu_bind)
         loaded: LoadedModel = load_model(config.model, config.dtype, config.max_model_len, config.chat_template,
                                          progress=config.progress, kernel_backend=config.kernel_backend,
@@ -95,6 +102,16 @@ class LLMEngine:
         self.runner = ModelRunner(loaded.model, self.kv_plan.num_blocks, config.block_size, self.kv_dtype,
                                   config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len,
                                   compile=config.compiled_forward)
+        self.speculator = None
+        if spec_config is not None:
+            draft = None
+            if spec_config.method == "draft_model":
+                draft = DraftModel(spec_config.model, self.tokenizer.token_strings(), config.dtype, self.max_model_len,
+                                   config.block_size, config.max_num_seqs, config.max_num_batched_tokens, self.kv_dtype,
+                                   self.kv_plan.capacity_tokens, config.kernel_backend,
+                                   config.compiled_forward, config.progress)
+            self.speculator = Speculator(spec_config, draft)
+        self.scheduler.speculator = self.speculator
         self.requests: dict[str, _Request] = {}
 
     # Requests -------------------------------------------------------------------------
@@ -146,33 +163,41 @@ class LLMEngine:
                 raise RuntimeError("the scheduler cannot admit any waiting sequence although nothing runs")
             return []
         produced = self.scheduler.postprocess(batch, self.runner.step(batch))
-        touched: dict[str, list[tuple[Sequence, str | None]]] = {}
-        for seq, reason in produced:
-            touched.setdefault(seq.request_id, []).append((seq, reason))
+        touched: dict[str, list[tuple[Sequence, str | None, int]]] = {}
+        for seq, reason, num_new in produced:
+            touched.setdefault(seq.request_id, []).append((seq, reason, num_new))
         return [self._collect(self.requests[rid], seqs) for rid, seqs in touched.items() if rid in self.requests]
 
-    def _collect(self, request: _Request, seqs: list[tuple[Sequence, str | None]]) -> RequestOutput:
+    def _collect(self, request: _Request, seqs: list[tuple[Sequence, str | None, int]]) -> RequestOutput:
         now = time.monotonic()
         if request.first_token_time is None:
             request.first_token_time = now
         deltas = []
-        for seq, reason in seqs:
-            token = seq.output_ids[-1]
-            decoder = request.decoders[seq.index]
-            # A stop or EOS token ends the text without being part of it.
-            text = "" if reason == "stop" else decoder.push(token)
-            if reason is not None:
-                text += decoder.flush()
-            text, hit_stop_string = request.stop_filters[seq.index].push(text)
-            if hit_stop_string:
-                reason = "stop"
-                self.scheduler.finish(seq, reason)
-            elif reason is not None:
-                text += request.stop_filters[seq.index].flush()
+        for seq, reason, num_new in seqs:
+            tokens = seq.output_ids[len(seq.output_ids) - num_new:]
+            decoder, stop_filter = request.decoders[seq.index], request.stop_filters[seq.index]
+            text = ""
+            for i, token in enumerate(tokens):
+                last = i == len(tokens) - 1
+                # A stop or EOS token ends the text without being part of it.
+                piece = "" if last and reason == "stop" else decoder.push(token)
+                if last and reason is not None:
+                    piece += decoder.flush()
+                piece, hit_stop_string = stop_filter.push(piece)
+                text += piece
+                if hit_stop_string:
+                    # Tokens verified after the one completing the stop string are not output.
+                    seq.drop_tokens_after(seq.num_tokens - (len(tokens) - 1 - i))
+                    tokens = tokens[:i + 1]
+                    reason = "stop"
+                    self.scheduler.finish(seq, reason)
+                    break
+                if last and reason is not None:
+                    text += stop_filter.flush()
             sent = request.emitted_logprobs[seq.index]
             logprobs = seq.output_logprobs[sent:]
             request.emitted_logprobs[seq.index] = len(seq.output_logprobs)
-            deltas.append(CompletionDelta(seq.index, [token], text, logprobs, reason))
+            deltas.append(CompletionDelta(seq.index, tokens, text, logprobs, reason))
         finished = all(s.is_finished for s in request.seqs)
         prompt_logprobs = None
         if request.params.prompt_logprobs is not None and not request.prompt_logprobs_sent:

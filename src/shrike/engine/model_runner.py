@@ -20,15 +20,16 @@ from shrike.layers.attention import KVCache
 from shrike.model.compiled import CompiledForward, StepBuffers, plan_blocker
 from shrike.model.llama import CausalLM
 from shrike.sampling.sampler import TokenLogprobs, sample, top_logprobs
+from shrike.sampling.verify import verify
 
 
 @dataclass
 class SequenceOutput:
     """What one step computed for one scheduled sequence."""
 
-    num_computed: int  # tokens whose K/V this step wrote
-    token: int | None = None  # sampled token, when the step reached the end of the sequence
-    logprobs: TokenLogprobs | None = None  # of the sampled token, when asked for
+    num_computed: int  # tokens whose K/V this step wrote and that stay (rejected proposals excluded)
+    tokens: list[int] = field(default_factory=list)  # new tokens, when the step reached the end of the sequence
+    logprobs: list[TokenLogprobs] | None = None  # of each new token, when asked for
     prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)  # for the prompt tokens this step scored
 
 
@@ -68,10 +69,16 @@ class ModelRunner:
         logits_rows: list[int] = []  # token rows whose logits are needed
         samplers: list[tuple[int, int]] = []  # (row in logits, index in batch) of sequences that get a token
         prompt_rows: list[tuple[int, int, int, int]] = []  # (index in batch, first logits row, first position, count)
+        verifiers: list[tuple[int, int]] = []  # (index in batch, first logits row) of sequences with a draft
         row0 = 0
         for b, item in enumerate(batch):
             seq, n = item.seq, item.num_tokens
             start = seq.num_computed_tokens
+            if item.draft:  # every position's logits: each scores the proposal after it
+                verifiers.append((b, len(logits_rows)))
+                logits_rows += range(row0, row0 + n)
+                row0 += n
+                continue
             # A sequence recomputed after preemption already has its prompt logprobs.
             if seq.params.prompt_logprobs is not None and start < seq.num_prompt_tokens - 1 \
                     and len(seq.prompt_logprobs) == start + 1:
@@ -102,7 +109,16 @@ class ModelRunner:
             picked = logits if rows == list(range(len(logits_rows))) else logits[torch.tensor(rows, dtype=torch.int64)]
             tokens, logprobs = sample(picked, [batch[b].seq.sampling_row for _, b in samplers])
             for (_, b), token, lp in zip(samplers, tokens.tolist(), logprobs):
-                outputs[b].token, outputs[b].logprobs = token, lp
+                outputs[b].tokens, outputs[b].logprobs = [token], None if lp is None else [lp]
+        if verifiers:
+            drafts = [batch[b].draft for b, _ in verifiers]
+            rows = torch.cat([torch.arange(r, r + len(d) + 1) for (_, r), d in zip(verifiers, drafts)])
+            verified = verify(logits[rows], [batch[b].seq.sampling_row for b, _ in verifiers], drafts,
+                              [None] * len(drafts))
+            for (b, _), result in zip(verifiers, verified):
+                out = outputs[b]
+                out.tokens, out.logprobs = result.tokens, result.logprobs
+                out.num_computed = batch[b].num_tokens - len(batch[b].draft) + result.num_accepted
         return outputs
 
     # Compiled forward -------------------------------------------------------------------------
@@ -137,6 +153,8 @@ class ModelRunner:
             start = seq.num_computed_tokens
             if n == 1:
                 token_ids[t] = seq.token_ids[start]
+            elif item.draft:
+                token_ids[t:t + n] = seq.token_ids[start:] + item.draft
             else:
                 token_ids[t:t + n] = seq.token_ids[start:start + n]
             seqs[b] = (self._table_row(seq), start, n)
@@ -158,7 +176,7 @@ class ModelRunner:
         for item in batch:
             seq, n = item.seq, item.num_tokens
             start = seq.num_computed_tokens
-            input_ids += seq.token_ids[start:start + n]
+            input_ids += seq.token_ids[start:start + n - len(item.draft)] + item.draft
             positions += range(start, start + n)
             slots += self._slots(seq.block_table, start, n)
             if self.long_rope_threshold is not None:

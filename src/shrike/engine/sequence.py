@@ -37,6 +37,7 @@ class Sequence:
         generator = None
         if params.seed is not None:
             generator = torch.Generator().manual_seed(params.seed + index)
+        self.spec_state = None  # the speculator's per-sequence figures, once it proposes for it
         self.sampling_row = SamplingRow(params, self.token_ids[:self.num_prompt_tokens], [], eos_ids, generator)
 
     @property
@@ -58,3 +59,9 @@ class Sequence:
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)
         self.sampling_row.output_ids.append(token_id)
+
+    def drop_tokens_after(self, num_tokens: int) -> None:
+        """Forget tokens past the first num_tokens (verified tokens after the one that ended the sequence)."""
+        del self.token_ids[num_tokens:]
+        del self.sampling_row.output_ids[max(0, num_tokens - self.num_prompt_tokens):]
+        del self.output_logprobs[max(0, num_tokens - self.num_prompt_tokens):]

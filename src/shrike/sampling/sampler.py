@@ -175,12 +175,18 @@ def _truncate(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tenso
     return logits
 
 
-def _draw(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-    """logits: (R, V) of non-greedy rows -> (R,) token ids."""
+def probabilities(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """logits: (R, V) of non-greedy rows, penalties and masks applied -> (R, V) the distribution drawn from
+    (temperature, then top-k, min-p and top-p)."""
     temperature = torch.tensor([r.params.temperature for r in rows], dtype=logits.dtype)[:, None]  # (R, 1)
     # A tiny repetition penalty or temperature can push logits to +inf, and softmax makes every probability NaN.
     scaled = (logits / temperature).clamp(max=torch.finfo(logits.dtype).max)
-    probs = _truncate(scaled, [r.params for r in rows]).softmax(-1)
+    return _truncate(scaled, [r.params for r in rows]).softmax(-1)
+
+
+def _draw(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """logits: (R, V) of non-greedy rows -> (R,) token ids."""
+    probs = probabilities(logits, rows)
     seeded = [i for i, r in enumerate(rows) if r.generator is not None]
     if len(seeded) == len(rows):
         tokens = torch.empty(len(rows), dtype=torch.int64)
@@ -191,6 +197,15 @@ def _draw(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
     return tokens
 
 
+def processed_logits(logits: torch.Tensor, rows: list[SamplingRow]) -> tuple[torch.Tensor, list[int]]:
+    """logits: (B, V) raw -> a copy with penalties, end-token bans and grammar masks applied, and the
+    constrained row indices."""
+    logits = logits.clone()
+    _apply_penalties(logits, rows)
+    _ban_end_tokens(logits, rows)
+    return logits, _apply_grammars(logits, rows)
+
+
 def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> tuple[torch.Tensor, list[TokenLogprobs | None]]:
     """logits: (B, V) fp32, one row per entry of `rows` -> token ids (B,), logprobs per row.
 
@@ -198,10 +213,7 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> tuple[torch.Tensor,
     """
     want_logprobs = [r.params.logprobs is not None for r in rows]
     raw_logprobs = torch.log_softmax(logits, dim=-1) if any(want_logprobs) else None
-    logits = logits.clone()
-    _apply_penalties(logits, rows)
-    _ban_end_tokens(logits, rows)
-    constrained = _apply_grammars(logits, rows)
+    logits, constrained = processed_logits(logits, rows)
     tokens = logits.argmax(dim=-1)  # (B,) right for the greedy rows
     sampled = [i for i, r in enumerate(rows) if not r.params.greedy]
     if sampled:

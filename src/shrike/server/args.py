@@ -105,6 +105,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                              "apply after it)")
     parser.add_argument("--web-ui", action=argparse.BooleanOptionalAction, default=True,
                         help="serve the chat page at / (default: on; --no-web-ui turns it off)")
+    parser.add_argument("--speculative-config", default=None, metavar="JSON",
+                        help="speculative decoding, vLLM's JSON: '{\"method\": \"ngram\", \"num_speculative_tokens\": 5, "
+                        "\"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2}' proposes continuations of earlier "
+                        "text (exact: outputs equal those without it) (default: off)")
     parser.add_argument("--disable-log-stats", action="store_true", help="do not log throughput every 10 s")
 
 

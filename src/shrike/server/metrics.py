@@ -84,6 +84,16 @@ class ServerMetrics(GenerationObserver):
         self.prefix_hits = counter("shrike:prefix_cache_hits", "Prompt tokens served from the prefix cache.")
         self.prompt_tokens_counter = counter("shrike:prompt_tokens", "Prompt tokens of admitted requests.")
         self.generation_tokens_counter = counter("shrike:generation_tokens", "Generated tokens.")
+        self.spec_drafts = counter("shrike:spec_decode_num_drafts",
+                                   "Speculative decoding: sequence steps that verified proposed tokens.")
+        self.spec_proposed = counter("shrike:spec_decode_num_draft_tokens", "Speculative decoding: proposed tokens.")
+        self.spec_accepted = counter("shrike:spec_decode_num_accepted_tokens",
+                                     "Speculative decoding: proposed tokens the target model accepted.")
+        self.spec_emitted = counter("shrike:spec_decode_num_emitted_tokens",
+                                    "Speculative decoding: tokens produced by verifying steps (accepted plus the "
+                                    "target's own).")
+        self.spec_acceptance_rate = gauge("shrike:spec_decode_draft_acceptance_rate",
+                                          "Speculative decoding: accepted / proposed tokens since start.", "livemax")
         finished = Counter("shrike:request_success", "Finished sequences (one per choice) by finish reason; abort: "
                            "the client left or the server stopped.", ["model_name", "finished_reason"],
                            registry=self._registry)
@@ -132,6 +142,12 @@ class ServerMetrics(GenerationObserver):
         self.preemptions.inc(max(0, load.num_preemptions - last.num_preemptions))
         self.prefix_queries.inc(max(0, load.prefix_cache_queries - last.prefix_cache_queries))
         self.prefix_hits.inc(max(0, load.prefix_cache_hits - last.prefix_cache_hits))
+        self.spec_drafts.inc(max(0, load.spec_drafts - last.spec_drafts))
+        self.spec_proposed.inc(max(0, load.spec_proposed_tokens - last.spec_proposed_tokens))
+        self.spec_accepted.inc(max(0, load.spec_accepted_tokens - last.spec_accepted_tokens))
+        self.spec_emitted.inc(max(0, load.spec_emitted_tokens - last.spec_emitted_tokens))
+        if load.spec_proposed_tokens:
+            self.spec_acceptance_rate.set(load.spec_accepted_tokens / load.spec_proposed_tokens)
         self._engine_totals = load
 
     def close(self) -> None:

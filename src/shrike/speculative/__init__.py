@@ -1,0 +1,1 @@
+"""Speculative decoding: cheap proposals verified by the target model in one step (exact output)."""
