@@ -101,11 +101,13 @@ void paged_attention(const PagedAttentionArgs& a) {
   work *= 2 * a.num_heads * a.head_dim;
 
   // The buffer is sized only now, so items get their partial pointers only now.
-  thread_local std::vector<float> partials;
-  if (partials.size() < partial_floats) partials.resize(partial_floats);
+  // (A lambda run on a worker would see the worker's own thread_local: use the pointer.)
+  thread_local std::vector<float> partial_buffer;
+  if (partial_buffer.size() < partial_floats) partial_buffer.resize(partial_floats);
+  float* const partials = partial_buffer.data();
   for (const SplitGroup& g : splits)
     for (int64_t c = 0; c < g.chunks; ++c)
-      items[g.first_item + c].partial = partials.data() + g.first_partial + c * g.q_count * group * (a.head_dim + 2);
+      items[g.first_item + c].partial = partials + g.first_partial + c * g.q_count * group * (a.head_dim + 2);
 
   const AttendFn attend = attend_kernel(a.head_dim);
   const int64_t scratch_floats = attention_scratch_floats(tokens_per_item * group, a.head_dim);
@@ -122,8 +124,8 @@ void paged_attention(const PagedAttentionArgs& a) {
   }
   if (splits.empty()) return;
   auto merge = [&](int64_t i) {
-    if (a.q_dtype == DType::f32) merge_split<float>(a, splits[i], partials.data(), group);
-    else merge_split<bf16>(a, splits[i], partials.data(), group);
+    if (a.q_dtype == DType::f32) merge_split<float>(a, splits[i], partials, group);
+    else merge_split<bf16>(a, splits[i], partials, group);
   };
   const int64_t n_splits = static_cast<int64_t>(splits.size());
   if (n_splits == 1) merge(0);
