@@ -91,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=3, help="Shrike decode measurements per cache dtype")
     parser.add_argument("--llama-reps", type=int, default=1, help="llama-bench runs per cache type (each prefills)")
     parser.add_argument("--engines", default="shrike,llama.cpp")
+    parser.add_argument("--llama-kv", default=",".join(LLAMA_KV),
+                        help="llama.cpp cache types to run (default f16,q8_0; at 32k each run prefills for 12+ minutes)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None, help="append JSON lines here")
     args = parser.parse_args(argv)
@@ -115,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
                 for kv, runner in runners.items():
                     samples[f"shrike {kv}"].append(runner.decode())
             if "llama.cpp" in engines and rep < args.llama_reps:
-                for cache_type in LLAMA_KV:
+                for cache_type in args.llama_kv.split(","):
                     name = f"llama.cpp {cache_type}"
                     samples.setdefault(name, []).append(
                         llama_decode(args.llama_bench, args.gguf, cache_type, context, args.threads))
