@@ -4,6 +4,7 @@
 #include <string>
 
 #include "attention/attention.h"
+#include "attention/kv_int8.h"
 #include "bindings.h"
 #include "bindings_util.h"
 
@@ -32,8 +33,8 @@ void paged_attention(const Array& q, const Array& key_cache, const Array& value_
                      const Array& query_start, const Array& context_lens, int64_t block_size, float scale, Array& out) {
   shrike::PagedAttentionArgs a{};
   a.q_dtype = float_dtype(q, kOp, "q");
-  a.cache_dtype = float_dtype(key_cache, kOp, "key_cache");
-  if (float_dtype(value_cache, kOp, "value_cache") != a.cache_dtype) fail("key_cache and value_cache must share one dtype");
+  a.cache_dtype = cache_dtype(key_cache, kOp, "key_cache");
+  if (cache_dtype(value_cache, kOp, "value_cache") != a.cache_dtype) fail("key_cache and value_cache must share one dtype");
   if (float_dtype(out, kOp, "out") != a.q_dtype) fail("out must have q's dtype");
   expect_layout(q, "q", 3);
   expect_layout(key_cache, "key_cache", 3);
@@ -45,7 +46,10 @@ void paged_attention(const Array& q, const Array& key_cache, const Array& value_
     if (value_cache.shape(i) != key_cache.shape(i)) fail("value_cache shape " + shape_text(value_cache) + " != key_cache shape " + shape_text(key_cache));
     if (out.shape(i) != q.shape(i)) fail("out shape " + shape_text(out) + " != q shape " + shape_text(q));
   }
-  if (dim(key_cache, 2) != a.head_dim) fail("cache head_dim " + std::to_string(dim(key_cache, 2)) + " != q head_dim " + std::to_string(a.head_dim));
+  const int64_t cache_row = a.cache_dtype == shrike::DType::i8 ? shrike::kv_int8_row_bytes(a.head_dim) : a.head_dim;
+  if (dim(key_cache, 2) != cache_row)
+    fail("cache rows have " + std::to_string(dim(key_cache, 2)) + " elements, q head_dim " + std::to_string(a.head_dim) +
+         (a.cache_dtype == shrike::DType::i8 ? " needs head_dim + 4 in an int8 cache" : " needs as many"));
   if (a.num_kv_heads < 1 || a.num_heads % a.num_kv_heads)
     fail("q heads (" + std::to_string(a.num_heads) + ") must be a multiple of the KV heads (" + std::to_string(a.num_kv_heads) + ")");
   if (a.head_dim < 1) fail("head_dim must be positive");
@@ -84,6 +88,6 @@ void bind_attention(nb::module_& m) {
   m.def("paged_attention", &paged_attention, nb::arg("q"), nb::arg("key_cache"), nb::arg("value_cache"),
         nb::arg("block_tables"), nb::arg("query_start"), nb::arg("context_lens"), nb::arg("block_size"), nb::arg("scale"),
         nb::arg("out").noconvert(),
-        "Causal attention of q (T, H, D) over a paged KV cache (S, Hkv, D), written to out (T, H, D); "
-        "see csrc/attention/attention.h.");
+        "Causal attention of q (T, H, D) over a paged KV cache (S, Hkv, D), or int8 rows (S, Hkv, D + 4), "
+        "written to out (T, H, D); see csrc/attention/attention.h.");
 }

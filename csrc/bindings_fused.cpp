@@ -1,6 +1,7 @@
 // Bindings for the fused decoder-layer steps (csrc/fused).
 #include "bindings.h"
 #include "bindings_util.h"
+#include "attention/kv_int8.h"
 #include "fused/fused.h"
 
 using namespace shrike::bindings;
@@ -48,9 +49,9 @@ void rope_write_kv(const Array& qkv, const Array& cos, const Array& sin, const A
   const std::string op = "rope_write_kv";
   shrike::RopeKvArgs a{};
   a.act_dtype = float_dtype(qkv, op, "qkv");
-  a.cache_dtype = float_dtype(key_cache, op, "key_cache");
+  a.cache_dtype = cache_dtype(key_cache, op, "key_cache");
   require(float_dtype(q_out, op, "q_out") == a.act_dtype, op, "q_out must have qkv's dtype");
-  require(float_dtype(value_cache, op, "value_cache") == a.cache_dtype, op, "key and value caches must share a dtype");
+  require(cache_dtype(value_cache, op, "value_cache") == a.cache_dtype, op, "key and value caches must share a dtype");
   require(cos.dtype() == nb::dtype<float>() && sin.dtype() == nb::dtype<float>(), op, "cos and sin must be float32");
   require(slot_mapping.dtype() == nb::dtype<int64_t>(), op, "slot_mapping must be int64");
   require(q_out.ndim() == 3 && key_cache.ndim() == 3 && value_cache.ndim() == 3 && qkv.ndim() == 2, op,
@@ -60,7 +61,9 @@ void rope_write_kv(const Array& qkv, const Array& cos, const Array& sin, const A
   a.num_kv_heads = dim(key_cache, 1);
   a.head_dim = dim(q_out, 2);
   const int64_t slots = dim(key_cache, 0);
-  require(a.head_dim % 2 == 0 && dim(key_cache, 2) == a.head_dim, op, "head_dim must be even and match the cache");
+  const int64_t cache_row = a.cache_dtype == shrike::DType::i8 ? shrike::kv_int8_row_bytes(a.head_dim) : a.head_dim;
+  require(a.head_dim % 2 == 0 && dim(key_cache, 2) == cache_row, op,
+          "head_dim must be even and match the cache (head_dim + 4 int8 elements per row in an int8 cache)");
   require(dim(qkv, 1) == (a.num_heads + 2 * a.num_kv_heads) * a.head_dim && dim(q_out, 0) == a.tokens, op,
           "qkv width must be (H + 2*Hkv) * D");
   require(value_cache.size() == key_cache.size(), op, "key and value caches must have one shape");

@@ -8,6 +8,7 @@
 
 #include "bindings.h"
 #include "bindings_util.h"
+#include "attention/kv_int8.h"
 #include "plan/forward_plan.h"
 
 using namespace shrike::bindings;
@@ -77,10 +78,11 @@ void add_layer(ForwardPlan& p, const Array& input_norm, const Array& post_norm, 
   check_linear(gate_up, 2 * s.intermediate, s.hidden, "gate_up_proj");
   check_linear(down, s.hidden, s.intermediate, "down_proj");
   L.qkv = qkv, L.o = o, L.gate_up = gate_up, L.down = down;
-  const size_t cache_elements = static_cast<size_t>(s.num_slots * kv_size);
+  const int64_t cache_row = s.cache_dtype == shrike::DType::i8 ? shrike::kv_int8_row_bytes(s.head_dim) : s.head_dim;
+  const size_t cache_elements = static_cast<size_t>(s.num_slots * s.num_kv_heads * cache_row);
   for (Array* cache : {&key_cache, &value_cache})
-    require(float_dtype(*cache, kOp, "kv cache") == s.cache_dtype && cache->size() == cache_elements, kOp,
-            "kv caches must be (num_slots, num_kv_heads, head_dim) in the cache dtype");
+    require(cache_dtype(*cache, kOp, "kv cache") == s.cache_dtype && cache->size() == cache_elements, kOp,
+            "kv caches must be (num_slots, num_kv_heads, head_dim) in the cache dtype (head_dim + 4 for int8)");
   L.key_cache = key_cache.data();
   L.value_cache = value_cache.data();
   p.layers.push_back(L);
@@ -92,6 +94,7 @@ ForwardPlan* make_plan(nb::dict c, int64_t max_tokens, int64_t max_seqs) {
   auto f = [&](const char* key) { return nb::cast<float>(c[key]); };
   auto dt = [&](const char* key) {
     std::string name = nb::cast<std::string>(c[key]);
+    if (name == "int8" && std::string(key) == "cache_dtype") return shrike::DType::i8;
     if (name != "float32" && name != "bfloat16") throw nb::value_error(("ForwardPlan: unsupported dtype " + name).c_str());
     return name == "float32" ? shrike::DType::f32 : shrike::DType::bf16;
   };

@@ -34,6 +34,14 @@ DType float_dtype(const A& a, const std::string& op, const char* name) {
   throw nb::type_error((op + ": " + name + " must be float32 or bfloat16").c_str());
 }
 
+// A KV cache's element type: float32, bfloat16, or int8 rows of attention/kv_int8.h.
+template <typename A>
+DType cache_dtype(const A& a, const std::string& op, const char* name) {
+  if (a.dtype() == nb::dtype<int8_t>()) return DType::i8;
+  if (std::optional<DType> dt = float_dtype(a)) return *dt;
+  throw nb::type_error((op + ": " + name + " must be float32, bfloat16 or int8").c_str());
+}
+
 template <typename A>
 int64_t dim(const A& a, size_t i) {
   return static_cast<int64_t>(a.shape(i));

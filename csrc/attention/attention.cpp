@@ -1,10 +1,14 @@
-// Dispatch: cut the batch into (sequence, KV head, query block) work items and run them on the
-// thread pool with the active variant.
+// Dispatch: cut the batch into (sequence, KV head, query block[, key chunk]) work items, run them
+// on the thread pool with the active variant, then merge the split-K partial results.
 #include "attention/attention.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
+#include <type_traits>
 #include <vector>
 
+#include "common/bf16.h"
 #include "common/isa.h"
 #include "runtime/threadpool.h"
 
@@ -15,8 +19,10 @@ using AttendFn = void (*)(const PagedAttentionArgs&, const AttentionWorkItem&, f
 
 AttendFn attend_kernel(int64_t head_dim) {
 #if defined(SHRIKE_X86)
+  if (isa_at_least(Isa::avx512vnni) && head_dim % 16 == 0) return avx512vnni::attend;
   if (isa_at_least(Isa::avx2) && head_dim % 8 == 0) return avx2::attend;
 #elif defined(SHRIKE_AARCH64)
+  if (isa_at_least(Isa::sve2) && head_dim % 4 == 0) return sve2::attend;
   // Every aarch64 variant (dotprod, i8mm, sve2) implies the NEON float code.
   if (active_isa() != Isa::scalar && head_dim % 4 == 0) return dotprod::attend;
 #endif
@@ -29,23 +35,79 @@ constexpr int64_t kRowsPerItem = 32;
 // Multiply-adds below which waking the pool costs more than it saves.
 constexpr int64_t kSerialWork = 1 << 17;
 
+// Split-K items of one (sequence, KV head, query block) and where their partials are.
+struct SplitGroup {
+  int64_t seq, kv_head, q_begin, q_count;
+  size_t first_item, first_partial;  // in `items`, and offset of chunk 0 in the partial buffer
+  int64_t chunks;
+};
+
+// out rows of `g` = sum_c e^(m_c - M) acc_c / sum_c e^(m_c - M) s_c over its key chunks c.
+template <class TQ>
+void merge_split(const PagedAttentionArgs& a, const SplitGroup& g, const float* partials, int64_t group) {
+  const int64_t d = a.head_dim, rows = g.q_count * group, chunk_floats = rows * (d + 2);
+  const int64_t token0 = a.query_start[g.seq] + g.q_begin, head0 = g.kv_head * group;
+  std::vector<float> sum_acc(d);
+  for (int64_t r = 0; r < rows; ++r) {
+    float max = -std::numeric_limits<float>::infinity();
+    for (int64_t c = 0; c < g.chunks; ++c) max = std::max(max, partials[g.first_partial + c * chunk_floats + r * (d + 2) + d]);
+    std::fill(sum_acc.begin(), sum_acc.end(), 0.f);
+    float sum = 0.f;
+    for (int64_t c = 0; c < g.chunks; ++c) {
+      const float* p = partials + g.first_partial + c * chunk_floats + r * (d + 2);
+      if (p[d] == -std::numeric_limits<float>::infinity()) continue;  // the row saw no key of this chunk
+      const float weight = std::exp(p[d] - max);
+      sum += weight * p[d + 1];
+      for (int64_t i = 0; i < d; ++i) sum_acc[i] += weight * p[i];
+    }
+    const int64_t t = r / group, h = r % group;
+    TQ* out = static_cast<TQ*>(a.out) + ((token0 + t) * a.num_heads + head0 + h) * d;
+    for (int64_t i = 0; i < d; ++i) {
+      const float v = sum_acc[i] / sum;
+      if constexpr (std::is_same_v<TQ, float>) out[i] = v; else out[i] = float_to_bf16(v);
+    }
+  }
+}
+
 }  // namespace
 
 void paged_attention(const PagedAttentionArgs& a) {
   const int64_t group = a.num_heads / a.num_kv_heads;
   const int64_t tokens_per_item = std::max<int64_t>(1, kRowsPerItem / group);
   std::vector<AttentionWorkItem> items;
+  std::vector<SplitGroup> splits;
+  size_t partial_floats = 0;
   int64_t work = 0;
   for (int64_t b = 0; b < a.num_seqs; ++b) {
-    const int64_t q_len = a.query_start[b + 1] - a.query_start[b];
-    work += q_len * a.context_lens[b];
+    const int64_t q_len = a.query_start[b + 1] - a.query_start[b], context = a.context_lens[b];
+    work += q_len * context;
+    const bool split = q_len <= kSplitMaxQueryLen && context > kSplitKeys;
     // Later query blocks see more keys: queue them first so the long items do not come last.
     for (int64_t end = q_len; end > 0; end -= tokens_per_item) {
       const int64_t begin = std::max<int64_t>(0, end - tokens_per_item);
-      for (int64_t h = 0; h < a.num_kv_heads; ++h) items.push_back({b, h, begin, end - begin});
+      for (int64_t h = 0; h < a.num_kv_heads; ++h) {
+        if (!split) {
+          items.push_back({b, h, begin, end - begin});
+          continue;
+        }
+        const int64_t chunks = (context + kSplitKeys - 1) / kSplitKeys;
+        splits.push_back({b, h, begin, end - begin, items.size(), partial_floats, chunks});
+        for (int64_t c = 0; c < chunks; ++c)
+          items.push_back({b, h, begin, end - begin, c * kSplitKeys, (c + 1) * kSplitKeys, nullptr});
+        partial_floats += chunks * (end - begin) * group * (a.head_dim + 2);
+      }
     }
   }
   work *= 2 * a.num_heads * a.head_dim;
+
+  // The buffer is sized only now, so items get their partial pointers only now.
+  // (A lambda run on a worker would see the worker's own thread_local: use the pointer.)
+  thread_local std::vector<float> partial_buffer;
+  if (partial_buffer.size() < partial_floats) partial_buffer.resize(partial_floats);
+  float* const partials = partial_buffer.data();
+  for (const SplitGroup& g : splits)
+    for (int64_t c = 0; c < g.chunks; ++c)
+      items[g.first_item + c].partial = partials + g.first_partial + c * g.q_count * group * (a.head_dim + 2);
 
   const AttendFn attend = attend_kernel(a.head_dim);
   const int64_t scratch_floats = attention_scratch_floats(tokens_per_item * group, a.head_dim);
@@ -60,6 +122,14 @@ void paged_attention(const PagedAttentionArgs& a) {
   } else {
     runtime::parallel_for(n_items, [&](int64_t i) { run(i); });
   }
+  if (splits.empty()) return;
+  auto merge = [&](int64_t i) {
+    if (a.q_dtype == DType::f32) merge_split<float>(a, splits[i], partials, group);
+    else merge_split<bf16>(a, splits[i], partials, group);
+  };
+  const int64_t n_splits = static_cast<int64_t>(splits.size());
+  if (n_splits == 1) merge(0);
+  else runtime::parallel_for(n_splits, [&](int64_t i) { merge(i); });
 }
 
 }  // namespace shrike

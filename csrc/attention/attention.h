@@ -7,6 +7,14 @@
 // the sequence sees keys 0 .. context_len - query_len + j. Position p of the sequence lives in
 // cache slot block_tables[b][p / block_size] * block_size + p % block_size.
 // GQA: query head h reads KV head h / (num_heads / num_kv_heads).
+//
+// An int8 cache (cache_dtype i8) holds rows of head_dim int8 values plus a float32 scale
+// (attention/kv_int8.h); the walk dequantizes them tile by tile.
+//
+// Decode at long context is split by keys as well (split-K): a sequence with few new tokens
+// gets one work item per kSplitKeys keys and KV head, each leaving an unnormalised partial
+// result, merged by log-sum-exp at the end. The split depends only on the sequence's own
+// lengths, never on the thread count or the rest of the batch, so results are reproducible.
 #pragma once
 #include <cstdint>
 
@@ -16,8 +24,8 @@ namespace shrike {
 
 struct PagedAttentionArgs {
   const void* q;            // (T, num_heads, head_dim), q_dtype
-  const void* key_cache;    // (slots, num_kv_heads, head_dim), cache_dtype
-  const void* value_cache;  // (slots, num_kv_heads, head_dim), cache_dtype
+  const void* key_cache;    // (slots, num_kv_heads, head_dim) cache_dtype, or (slots, num_kv_heads, head_dim + 4) i8
+  const void* value_cache;  // like key_cache
   void* out;                // (T, num_heads, head_dim), q_dtype
   const int32_t* block_tables;  // (num_seqs, max_blocks)
   const int32_t* query_start;   // (num_seqs + 1,)
@@ -31,25 +39,37 @@ struct PagedAttentionArgs {
 void paged_attention(const PagedAttentionArgs& args);
 
 // One unit of parallel work: `q_count` consecutive new tokens of one sequence, starting at
-// its `q_begin`-th new token, times the query heads of one KV head.
+// its `q_begin`-th new token, times the query heads of one KV head, over the keys
+// [key_begin, key_end) (clipped to what each token may see). With `partial` set, the item
+// writes its unnormalised result there instead of to `out`:
+//   partial: (rows, head_dim + 2) per row: acc[head_dim], running max, running sum.
 struct AttentionWorkItem {
   int64_t seq, kv_head, q_begin, q_count;
+  int64_t key_begin = 0, key_end = INT64_MAX;
+  float* partial = nullptr;
 };
 
 // Keys handled per online-softmax step; a tile never crosses a cache block.
 constexpr int64_t kAttentionTileKeys = 32;
+// Keys per split-K item (a multiple of the tile), and the most new tokens a sequence may have
+// for its items to be split by keys (decode and short speculative verification).
+constexpr int64_t kSplitKeys = 1024;
+constexpr int64_t kSplitMaxQueryLen = 8;
 
 // Floats of per-thread scratch a work item of `rows` query rows needs (layout in attention_tiles.h).
 constexpr int64_t attention_scratch_floats(int64_t rows, int64_t head_dim) {
   return rows * (2 * head_dim + kAttentionTileKeys + 2) + 2 * kAttentionTileKeys * head_dim;
 }
 
-// Per-variant work item kernels. avx2 needs head_dim % 8 == 0, dotprod (plain NEON) % 4 == 0.
+// Per-variant work item kernels. avx2 needs head_dim % 8 == 0, avx512vnni % 16 == 0,
+// dotprod (plain NEON) and sve2 % 4 == 0.
 #define SHRIKE_DECLARE_ATTEND \
   void attend(const PagedAttentionArgs& args, const AttentionWorkItem& item, float* scratch);
 namespace ref { SHRIKE_DECLARE_ATTEND }
 namespace avx2 { SHRIKE_DECLARE_ATTEND }
+namespace avx512vnni { SHRIKE_DECLARE_ATTEND }
 namespace dotprod { SHRIKE_DECLARE_ATTEND }
+namespace sve2 { SHRIKE_DECLARE_ATTEND }
 #undef SHRIKE_DECLARE_ATTEND
 
 }  // namespace shrike

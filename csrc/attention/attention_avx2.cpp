@@ -62,6 +62,13 @@ struct Avx2Vec {
   static void to_float(const bf16* src, float* dst, int64_t d) {
     for (int64_t i = 0; i < d; i += 8) store8(dst + i, load8(src + i));
   }
+  static void to_float(const int8_t* row, float* dst, int64_t d) {
+    const __m256 scale = _mm256_set1_ps(kv_int8_scale(row, d));
+    for (int64_t i = 0; i < d; i += 8) {
+      __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + i)));
+      store8(dst + i, _mm256_mul_ps(_mm256_cvtepi32_ps(q), scale));
+    }
+  }
   static void query_key_scores(const float* q, const float* k, int64_t k_stride, int64_t n, int64_t d, float* scores) {
     int64_t j = 0;
     for (; j + 8 <= n; j += 8) {  // eight keys at once: one query load feeds eight FMAs

@@ -16,6 +16,11 @@ struct ScalarVec {
   static void to_float(const bf16* src, float* dst, int64_t d) {
     for (int64_t i = 0; i < d; ++i) dst[i] = bf16_to_float(src[i]);
   }
+  // One int8 cache row (kv_int8.h) dequantized: value * scale, one rounding, as in every variant.
+  static void to_float(const int8_t* row, float* dst, int64_t d) {
+    const float scale = kv_int8_scale(row, d);
+    for (int64_t i = 0; i < d; ++i) dst[i] = static_cast<float>(row[i]) * scale;
+  }
   // scores[j] = q . key_j for the n keys at k + j * k_stride.
   static void query_key_scores(const float* q, const float* k, int64_t k_stride, int64_t n, int64_t d, float* scores) {
     for (int64_t j = 0; j < n; ++j) {

@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "attention/attention.h"
+#include "attention/kv_int8.h"
 #include "common/bf16.h"
 
 namespace shrike::attention_detail {
@@ -23,7 +24,7 @@ void attend_typed(const PagedAttentionArgs& a, const AttentionWorkItem& w, float
   float* scores = acc + rows * d;                          // (rows, kAttentionTileKeys)
   float* row_max = scores + rows * kAttentionTileKeys;     // (rows,)
   float* row_sum = row_max + rows;                         // (rows,)
-  float* k_tile = row_sum + rows;                          // (kAttentionTileKeys, d) bf16 keys as float
+  float* k_tile = row_sum + rows;                          // (kAttentionTileKeys, d) bf16 or int8 keys as float
   float* v_tile = k_tile + kAttentionTileKeys * d;         // (kAttentionTileKeys, d)
 
   const int64_t q_len = a.query_start[w.seq + 1] - a.query_start[w.seq];
@@ -31,7 +32,8 @@ void attend_typed(const PagedAttentionArgs& a, const AttentionWorkItem& w, float
   const int64_t token0 = a.query_start[w.seq] + w.q_begin;  // first query row of the item in q / out
   const int64_t head0 = w.kv_head * group;
   const int32_t* blocks = a.block_tables + w.seq * a.max_blocks;
-  const int64_t slot_stride = a.num_kv_heads * d;  // elements between consecutive slots of one head
+  const int64_t head_row = std::is_same_v<TKV, int8_t> ? kv_int8_row_bytes(d) : d;  // cache elements of one (slot, head)
+  const int64_t slot_stride = a.num_kv_heads * head_row;  // elements between consecutive slots of one head
 
   const TQ* q = static_cast<const TQ*>(a.q);
   for (int64_t t = 0; t < w.q_count; ++t)
@@ -45,22 +47,23 @@ void attend_typed(const PagedAttentionArgs& a, const AttentionWorkItem& w, float
 
   const TKV* key_cache = static_cast<const TKV*>(a.key_cache);
   const TKV* value_cache = static_cast<const TKV*>(a.value_cache);
-  const int64_t key_end = first_pos + w.q_begin + w.q_count;  // keys the item's last token sees
-  for (int64_t key0 = 0; key0 < key_end;) {
+  int64_t key_end = first_pos + w.q_begin + w.q_count;  // keys the item's last token sees
+  if (key_end > w.key_end) key_end = w.key_end;
+  for (int64_t key0 = w.key_begin; key0 < key_end;) {
     const int64_t in_block = key0 % a.block_size;
     int64_t n = a.block_size - in_block;
     if (n > kAttentionTileKeys) n = kAttentionTileKeys;
     if (n > key_end - key0) n = key_end - key0;
     const int64_t slot0 = static_cast<int64_t>(blocks[key0 / a.block_size]) * a.block_size + in_block;
-    const TKV* k_src = key_cache + (slot0 * a.num_kv_heads + w.kv_head) * d;
-    const TKV* v_src = value_cache + (slot0 * a.num_kv_heads + w.kv_head) * d;
+    const TKV* k_src = key_cache + (slot0 * a.num_kv_heads + w.kv_head) * head_row;
+    const TKV* v_src = value_cache + (slot0 * a.num_kv_heads + w.kv_head) * head_row;
     const float* k;
     const float* v;
     int64_t kv_stride;
     if constexpr (std::is_same_v<TKV, float>) {
       k = k_src, v = v_src, kv_stride = slot_stride;
     } else {
-      // Widened once per tile, then shared by all rows of the query-head group.
+      // Widened (int8: dequantized) once per tile, then shared by all rows of the query-head group.
       for (int64_t j = 0; j < n; ++j) {
         Vec::to_float(k_src + j * slot_stride, k_tile + j * d, d);
         Vec::to_float(v_src + j * slot_stride, v_tile + j * d, d);
@@ -87,6 +90,14 @@ void attend_typed(const PagedAttentionArgs& a, const AttentionWorkItem& w, float
     key0 += n;
   }
 
+  if (w.partial) {  // split-K: the merge in attention.cpp normalises
+    for (int64_t r = 0; r < rows; ++r) {
+      float* p = w.partial + r * (d + 2);
+      for (int64_t i = 0; i < d; ++i) p[i] = acc[r * d + i];
+      p[d] = row_max[r], p[d + 1] = row_sum[r];
+    }
+    return;
+  }
   TQ* out = static_cast<TQ*>(a.out);
   for (int64_t t = 0; t < w.q_count; ++t)
     for (int64_t g = 0; g < group; ++g) {
@@ -98,6 +109,8 @@ void attend_typed(const PagedAttentionArgs& a, const AttentionWorkItem& w, float
 template <class Vec>
 void attend(const PagedAttentionArgs& a, const AttentionWorkItem& w, float* scratch) {
   const bool q_f32 = a.q_dtype == DType::f32, kv_f32 = a.cache_dtype == DType::f32;
+  if (a.cache_dtype == DType::i8)
+    return q_f32 ? attend_typed<Vec, float, int8_t>(a, w, scratch) : attend_typed<Vec, bf16, int8_t>(a, w, scratch);
   if (q_f32 && kv_f32) return attend_typed<Vec, float, float>(a, w, scratch);
   if (q_f32) return attend_typed<Vec, float, bf16>(a, w, scratch);
   if (kv_f32) return attend_typed<Vec, bf16, float>(a, w, scratch);

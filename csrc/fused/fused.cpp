@@ -4,7 +4,10 @@
 
 #include <cmath>
 #include <cstring>
+#include <type_traits>
+#include <vector>
 
+#include "attention/kv_int8.h"
 #include "common/bf16.h"
 #include "norm/rmsnorm.h"
 
@@ -64,12 +67,26 @@ void rope_kv_typed(const RopeKvArgs& a) {
     const float* sin = a.sin + t * d;
     T* q_out = static_cast<T*>(a.q_out) + t * h * d;
     for (int64_t head = 0; head < h; ++head) rotate_store(qkv + head * d, cos, sin, q_out + head * d, d);
-    C* k_slot = static_cast<C*>(a.key_cache) + a.slot_mapping[t] * hkv * d;
-    C* v_slot = static_cast<C*>(a.value_cache) + a.slot_mapping[t] * hkv * d;
     const T* k = qkv + h * d;
     const T* v = k + hkv * d;
-    for (int64_t head = 0; head < hkv; ++head) rotate_store(k + head * d, cos, sin, k_slot + head * d, d);
-    for (int64_t i = 0; i < hkv * d; ++i) Elem<C>::store(v_slot, i, Elem<T>::load(v, i));
+    if constexpr (std::is_same_v<C, int8_t>) {
+      // Rotated k (rounded to T, as the other caches store it) and v, quantized per head.
+      int8_t* k_slot = static_cast<int8_t*>(a.key_cache) + a.slot_mapping[t] * hkv * kv_int8_row_bytes(d);
+      int8_t* v_slot = static_cast<int8_t*>(a.value_cache) + a.slot_mapping[t] * hkv * kv_int8_row_bytes(d);
+      thread_local std::vector<float> head_values;
+      head_values.resize(d);
+      for (int64_t head = 0; head < hkv; ++head) {
+        rotate_store(k + head * d, cos, sin, head_values.data(), d);
+        kv_int8_quantize(head_values.data(), d, k_slot + head * kv_int8_row_bytes(d));
+        for (int64_t i = 0; i < d; ++i) head_values[i] = Elem<T>::load(v + head * d, i);
+        kv_int8_quantize(head_values.data(), d, v_slot + head * kv_int8_row_bytes(d));
+      }
+    } else {
+      C* k_slot = static_cast<C*>(a.key_cache) + a.slot_mapping[t] * hkv * d;
+      C* v_slot = static_cast<C*>(a.value_cache) + a.slot_mapping[t] * hkv * d;
+      for (int64_t head = 0; head < hkv; ++head) rotate_store(k + head * d, cos, sin, k_slot + head * d, d);
+      for (int64_t i = 0; i < hkv * d; ++i) Elem<C>::store(v_slot, i, Elem<T>::load(v, i));
+    }
   }
 }
 
@@ -108,6 +125,7 @@ void silu_mul(const void* gate_up, void* out, int64_t rows, int64_t width, DType
 
 void rope_write_kv(const RopeKvArgs& a) {
   const bool act32 = a.act_dtype == DType::f32, cache32 = a.cache_dtype == DType::f32;
+  if (a.cache_dtype == DType::i8) return act32 ? rope_kv_typed<float, int8_t>(a) : rope_kv_typed<bf16, int8_t>(a);
   if (act32 && cache32) return rope_kv_typed<float, float>(a);
   if (act32) return rope_kv_typed<float, bf16>(a);
   if (cache32) return rope_kv_typed<bf16, float>(a);

@@ -26,12 +26,12 @@ struct RopeKvArgs {
   const float* sin;  // (T, D)
   const int64_t* slot_mapping;  // (T,) cache slot of each token
   void* q_out;  // (T, H, D) rotated queries, activation dtype
-  void* key_cache;  // (S, Hkv, D)
-  void* value_cache;  // (S, Hkv, D)
+  void* key_cache;  // (S, Hkv, D), or (S, Hkv, D + 4) int8 rows (attention/kv_int8.h)
+  void* value_cache;  // like key_cache
   int64_t tokens, num_heads, num_kv_heads, head_dim;
   DType act_dtype, cache_dtype;
 };
-// Rotate-half RoPE on q and k, then k and v stored at their slots.
+// Rotate-half RoPE on q and k, then k and v stored at their slots (quantized for an int8 cache).
 void rope_write_kv(const RopeKvArgs& args);
 
 }  // namespace shrike

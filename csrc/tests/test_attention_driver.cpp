@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "attention/attention.h"
+#include "attention/kv_int8.h"
 #include "common/bf16.h"
 #include "common/isa.h"
 #include "runtime/threadpool.h"
@@ -32,17 +33,34 @@ struct Case {
   std::vector<int32_t> query_lens, context_lens;
   int64_t heads, kv_heads, head_dim, block_size;
   DType q_dtype, cache_dtype;
+  // q = 0: every attention weight is exactly 1 in every variant, so the output (the mean of the
+  // values in key order) must match the reference bit for bit.
+  bool zero_q = false;
 };
 
-// Values as stored (bf16 ones already rounded), kept as float for the naive attention.
+// Values as stored (bf16 ones already rounded, int8 ones dequantized), kept as float for the naive
+// attention. An int8 tensor holds rows of `row` values, each stored as kv_int8.h's row.
 struct Tensor {
   std::vector<float> values;
   std::vector<uint8_t> bytes;
   DType dtype;
-  void resize(size_t n, DType dt) {
+  int64_t row = 0;  // i8 only
+  void resize(size_t n, DType dt, int64_t row_values = 0) {
     values.assign(n, 0.f);
-    bytes.assign(n * (dt == DType::f32 ? 4 : 2), 0);
-    dtype = dt;
+    dtype = dt, row = row_values;
+    bytes.assign(dt == DType::i8 ? n / row * kv_int8_row_bytes(row) : n * (dt == DType::f32 ? 4 : 2), 0);
+  }
+  // Quantizes one int8 row from x (row values).
+  void set_row(size_t r, const float* x) {
+    int8_t* dst = reinterpret_cast<int8_t*>(bytes.data() + r * kv_int8_row_bytes(row));
+    kv_int8_quantize(x, row, dst);
+    const float scale = kv_int8_scale(dst, row);
+    for (int64_t i = 0; i < row; ++i) values[r * row + i] = static_cast<float>(dst[i]) * scale;
+  }
+  // An int8 row whose scale is NaN, so that reading it poisons the output.
+  void poison_row(size_t r) {
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    std::memcpy(bytes.data() + r * kv_int8_row_bytes(row) + row, &nan, sizeof nan);
   }
   void set(size_t i, float v) {
     if (dtype == DType::f32) {
@@ -89,9 +107,14 @@ Batch make_batch(const Case& c) {
   std::iota(order.begin(), order.end(), 0);
   std::shuffle(order.begin(), order.end(), rng);
   const size_t cache_size = total_blocks * c.block_size * row;
-  b.key_cache.resize(cache_size, c.cache_dtype);
-  b.value_cache.resize(cache_size, c.cache_dtype);
-  for (size_t i = 0; i < cache_size; ++i) {
+  const bool int8 = c.cache_dtype == DType::i8;
+  b.key_cache.resize(cache_size, c.cache_dtype, c.head_dim);
+  b.value_cache.resize(cache_size, c.cache_dtype, c.head_dim);
+  for (size_t i = 0; i < (int8 ? cache_size / c.head_dim : cache_size); ++i) {
+    if (int8) {
+      b.key_cache.poison_row(i), b.value_cache.poison_row(i);
+      continue;
+    }
     b.key_cache.set(i, std::numeric_limits<float>::quiet_NaN());
     b.value_cache.set(i, std::numeric_limits<float>::quiet_NaN());
   }
@@ -105,6 +128,15 @@ Batch make_batch(const Case& c) {
       if (p % c.block_size == 0) b.block_tables[s * b.max_blocks + p / c.block_size] = order[next_block++];
       const int64_t slot = b.block_tables[s * b.max_blocks + p / c.block_size] * c.block_size + p % c.block_size;
       seq_slots.push_back(slot);
+      if (int8) {
+        std::vector<float> k(c.head_dim), v(c.head_dim);
+        for (int64_t h = 0; h < c.kv_heads; ++h) {
+          for (int64_t i = 0; i < c.head_dim; ++i) k[i] = normal(rng), v[i] = normal(rng);
+          b.key_cache.set_row(slot * c.kv_heads + h, k.data());
+          b.value_cache.set_row(slot * c.kv_heads + h, v.data());
+        }
+        continue;
+      }
       for (int64_t i = 0; i < row; ++i) {
         b.key_cache.set(slot * row + i, normal(rng));
         b.value_cache.set(slot * row + i, normal(rng));
@@ -115,7 +147,7 @@ Batch make_batch(const Case& c) {
   }
   b.tokens = b.query_start.back();
   b.q.resize(b.tokens * c.heads * c.head_dim, c.q_dtype);
-  for (size_t i = 0; i < b.q.values.size(); ++i) b.q.set(i, normal(rng));
+  for (size_t i = 0; i < b.q.values.size(); ++i) b.q.set(i, c.zero_q ? 0.f : normal(rng));
   return b;
 }
 
@@ -217,6 +249,16 @@ std::vector<Case> cases(bool quick) {
     out.push_back({"odd D" + std::to_string(d), {1, 50}, {70, 50}, 6, 2, d, 16, DType::f32, DType::f32});
   out.push_back({"q f32, cache bf16", {3, 1}, {40, 9}, 4, 2, 64, 16, DType::f32, DType::bf16});
   out.push_back({"q bf16, cache f32", {3, 1}, {40, 9}, 4, 2, 64, 16, DType::bf16, DType::f32});
+  // int8 cache, and decode long enough to be split by keys (split-K) for every cache dtype.
+  for (DType q_dt : {DType::f32, DType::bf16}) {
+    const char* q_name = q_dt == DType::f32 ? " q f32" : " q bf16";
+    out.push_back({std::string("int8 decode") + q_name, {1, 1, 1}, {1, 100, 1000}, 16, 2, 128, 16, q_dt, DType::i8});
+    out.push_back({std::string("int8 chunked") + q_name, {45, 20, 1}, {300, 20, 33}, 6, 2, 64, 16, q_dt, DType::i8});
+    out.push_back({std::string("int8 split-K") + q_name, {1, 3}, {2500, 1100}, 16, 2, 128, 16, q_dt, DType::i8});
+    out.push_back({std::string("split-K") + q_name, {1, 3}, {2500, 1100}, 8, 2, 64, 16, q_dt, q_dt});
+  }
+  out.push_back({"int8 value path (q = 0), exact", {1, 4, 2}, {2500, 300, 40}, 16, 2, 128, 16, DType::f32, DType::i8, true});
+  out.push_back({"int8 value path (q = 0), exact, D 36", {1, 2}, {1500, 40}, 6, 2, 36, 16, DType::f32, DType::i8, true});
   return out;
 }
 
@@ -256,13 +298,14 @@ int main(int argc, char** argv) {
     const float scale = 1.f / std::sqrt(static_cast<float>(c.head_dim));
     // The output is rounded to bf16 when q is bf16 (relative step 2^-8).
     const double tol = c.q_dtype == DType::f32 ? 1e-5 : 1e-2;
+    const double variant_tol = c.zero_q ? 0.0 : tol;
     const Tensor reference_out = run(c, b, scale, Isa::scalar);
     expect_close(reference, reference_out, naive_attention(c, b, scale), tol, "scalar vs naive: " + c.name);
     const std::vector<double> want = as_double(reference_out);
     for (int i = 1; i < kNumIsas; ++i) {
       const Isa isa = static_cast<Isa>(i);
       if (!isa_available(isa) || (!only.empty() && only != isa_name(isa))) continue;
-      expect_close(variants[i], run(c, b, scale, isa), want, tol, std::string(isa_name(isa)) + ": " + c.name);
+      expect_close(variants[i], run(c, b, scale, isa), want, variant_tol, std::string(isa_name(isa)) + ": " + c.name);
     }
   }
   int failures = reference.failures;

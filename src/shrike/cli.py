@@ -90,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
                                        description="Write a random-weight checkpoint for benchmarks and tests."))
     add_eval_ppl_arguments(sub.add_parser("eval-ppl", help="perplexity of a model on a text file",
                                           description="Perplexity over non-overlapping chunks of --context tokens."))
-    bench = sub.add_parser("bench", help="run a benchmark: kernels, reference, serving or soak (pass --help after the suite name)",
+    bench = sub.add_parser("bench", help="run a benchmark: kernels, reference, serving, soak or long-context (pass --help after the suite name)",
                            description="Benchmarks from benchmarks/: `shrike bench kernels ...`, `shrike bench serving ...`, "
                                        "`shrike bench soak ...`.")
     bench.add_argument("suite", choices=sorted(BENCHMARKS))
@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 BENCHMARKS = {"kernels": "bench_kernels", "serving": "bench_serving", "reference": "bench_reference", "soak": "soak",
-              "spec": "bench_spec"}
+              "spec": "bench_spec", "long-context": "bench_long_context"}
 
 
 def _bench(args: argparse.Namespace) -> int:

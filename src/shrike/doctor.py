@@ -86,7 +86,7 @@ def _model_shape(model_dir: Path) -> dict[str, Any]:
             "num_kv_heads": config.get("num_key_value_heads") or heads,
             "head_dim": config.get("head_dim") or config["hidden_size"] // heads,
             "max_position_embeddings": config["max_position_embeddings"],
-            # The cache is kept in the compute dtype, which is bfloat16 for 16-bit checkpoints.
+            # By default the cache is kept in the compute dtype, which is bfloat16 for 16-bit checkpoints.
             "kv_dtype": "bfloat16" if dtype in ("bfloat16", "float16") else "float32",
             "weight_bytes": sum(path.stat().st_size for path in model_dir.glob("*.safetensors")),
         }
@@ -96,7 +96,12 @@ def _model_shape(model_dir: Path) -> dict[str, Any]:
         raise ConfigError(f"{config_path} has no {error.args[0]}; is it a decoder-only language model?") from None
 
 
-def _kv_section(model: str | None, max_model_len: int | None, memory: MemoryInfo, problems: list[str]) -> dict:
+# --kv-cache-dtype -> (bytes per value, scale bytes per token and KV head); int8 as shrike.layers.kv_int8.
+_KV_DTYPE_BYTES = {"float32": (4, 0), "bfloat16": (2, 0), "int8": (1, 4)}
+
+
+def _kv_section(model: str | None, max_model_len: int | None, memory: MemoryInfo, problems: list[str],
+                kv_cache_dtype: str = "auto") -> dict:
     try:
         from shrike.default_model import resolve_model
 
@@ -110,6 +115,12 @@ def _kv_section(model: str | None, max_model_len: int | None, memory: MemoryInfo
 
     try:
         shape = _model_shape(Path(model_dir))
+        if kv_cache_dtype != "auto":
+            if kv_cache_dtype not in _KV_DTYPE_BYTES:
+                raise ConfigError(f"--kv-cache-dtype {kv_cache_dtype!r} is not supported; use auto, "
+                                  f"{', '.join(_KV_DTYPE_BYTES)}")
+            shape["kv_dtype"] = kv_cache_dtype
+        value_bytes, scale_bytes = _KV_DTYPE_BYTES[shape["kv_dtype"]]
         length = max_model_len or shape["max_position_embeddings"]
         if length > shape["max_position_embeddings"]:
             raise ConfigError(
@@ -119,7 +130,8 @@ def _kv_section(model: str | None, max_model_len: int | None, memory: MemoryInfo
             num_layers=shape["num_layers"],
             num_kv_heads=shape["num_kv_heads"],
             head_dim=shape["head_dim"],
-            kv_dtype_bytes=2 if shape["kv_dtype"] == "bfloat16" else 4,
+            kv_dtype_bytes=value_bytes,
+            kv_scale_bytes=scale_bytes,
             block_size=EngineConfig.block_size,
             max_model_len=length,
             weight_bytes=shape["weight_bytes"],
@@ -178,7 +190,8 @@ def _plugin_section(problems: list[str], kernels_load: bool) -> dict[str, Any]:
 
 
 def collect_report(
-    model: str | None, max_model_len: int | None, sysfs_root: str = "/sys", procfs_root: str = "/proc"
+    model: str | None, max_model_len: int | None, sysfs_root: str = "/sys", procfs_root: str = "/proc",
+    kv_cache_dtype: str = "auto",
 ) -> dict[str, Any]:
     problems: list[str] = []
     topology = read_topology(sysfs_root, procfs_root)
@@ -188,7 +201,7 @@ def collect_report(
         "cpu": {"model": topology.cpu_model, **kernels},
         "topology": _topology_section(topology, problems),
         "memory": _memory_section(memory),
-        "kv_cache": _kv_section(model, max_model_len, memory, problems),
+        "kv_cache": _kv_section(model, max_model_len, memory, problems, kv_cache_dtype),
         "caches": _cache_section(),
         "plugins": _plugin_section(problems, kernels_load="error" not in kernels),
         "environment": {name: value for name, value in sorted(os.environ.items()) if name.startswith("SHRIKE_")},
@@ -309,8 +322,9 @@ def run_doctor(
     as_json: bool,
     sysfs_root: str = "/sys",
     procfs_root: str = "/proc",
+    kv_cache_dtype: str = "auto",
 ) -> int:
-    report = collect_report(model, max_model_len, sysfs_root, procfs_root)
+    report = collect_report(model, max_model_len, sysfs_root, procfs_root, kv_cache_dtype)
     print(json.dumps(report, indent=2) if as_json else format_report(report))
     for problem in report["problems"]:
         print(f"shrike doctor: {problem}", file=sys.stderr)
@@ -322,8 +336,10 @@ def add_doctor_arguments(parser: argparse.ArgumentParser) -> None:
                         help="model directory or .gguf file to plan the KV cache for (default: the bundled model)")
     parser.add_argument("--max-model-len", type=int, default=None,
                         help="sequence length to plan the KV cache for (default: the model's maximum)")
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "bfloat16", "float32", "int8"],
+                        help="KV-cache element type to plan for, as `shrike serve --kv-cache-dtype` (default: auto)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
 def doctor_main(args: argparse.Namespace) -> int:
-    return run_doctor(args.model, args.max_model_len, args.json)
+    return run_doctor(args.model, args.max_model_len, args.json, kv_cache_dtype=args.kv_cache_dtype)

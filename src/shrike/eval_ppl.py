@@ -33,6 +33,8 @@ def add_eval_ppl_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     p.add_argument("--kernel-backend", default="auto", choices=["auto", "reference"],
                    help="quantized GEMMs on the compiled kernels (auto) or the PyTorch reference")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "bfloat16", "float32", "int8"],
+                   help="KV-cache element type (default: the activations' dtype); int8 as `shrike serve`")
     p.add_argument("--lm-head-quant", default="none", choices=["none", "int8"],
                    help="none: the lm_head keeps the checkpoint's precision (default); "
                    "int8: quantized per vocabulary row at load (half the bytes of bf16, slightly less accurate)")
@@ -51,12 +53,14 @@ class PerplexityResult:
 
 
 @torch.inference_mode()
-def sequence_logits(model: CausalLM, token_ids: list[int]) -> torch.Tensor:
-    """Logits at every position of one sequence run from an empty KV cache: (T, vocab) fp32."""
+def sequence_logits(model: CausalLM, token_ids: list[int], kv_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Logits at every position of one sequence run from an empty KV cache (kv_dtype, default the
+    model's): (T, vocab) fp32."""
     c = model.config
     count = len(token_ids)
     blocks = -(-count // _BLOCK_SIZE)
-    caches = [KVCache(blocks, _BLOCK_SIZE, c.num_kv_heads, c.head_dim, model.dtype) for _ in range(c.num_layers)]
+    caches = [KVCache(blocks, _BLOCK_SIZE, c.num_kv_heads, c.head_dim, kv_dtype or model.dtype)
+              for _ in range(c.num_layers)]
     threshold = model.rotary.long_threshold
     ctx = BatchContext(positions=torch.arange(count), slot_mapping=torch.arange(count), query_lens=[count],
                        context_lens=[count], block_tables=[list(range(blocks))], block_size=_BLOCK_SIZE,
@@ -64,7 +68,8 @@ def sequence_logits(model: CausalLM, token_ids: list[int]) -> torch.Tensor:
     return model.forward(torch.tensor(token_ids, dtype=torch.int64), ctx, caches, torch.arange(count))
 
 
-def evaluate_perplexity(model: CausalLM, token_ids: list[int], context: int) -> PerplexityResult:
+def evaluate_perplexity(model: CausalLM, token_ids: list[int], context: int,
+                        kv_dtype: torch.dtype | None = None) -> PerplexityResult:
     if context < 2:
         raise ConfigError(f"--context {context} is too small: a chunk needs at least 2 tokens")
     result = PerplexityResult()
@@ -72,7 +77,7 @@ def evaluate_perplexity(model: CausalLM, token_ids: list[int], context: int) -> 
         chunk = token_ids[start:start + context]
         if len(chunk) < 2:
             break
-        logits = sequence_logits(model, chunk)[:-1]  # (L - 1, vocab): position p predicts token p + 1
+        logits = sequence_logits(model, chunk, kv_dtype)[:-1]  # (L - 1, vocab): position p predicts token p + 1
         targets = torch.tensor(chunk[1:], dtype=torch.int64)
         nll = torch.nn.functional.cross_entropy(logits, targets, reduction="sum")
         result.nll_sum += float(nll)
@@ -85,13 +90,14 @@ def evaluate_perplexity(model: CausalLM, token_ids: list[int], context: int) -> 
 
 
 def run_eval_ppl(args: argparse.Namespace) -> int:
-    from shrike.model.loader import load_model
+    from shrike.model.loader import load_model, resolve_kv_cache_dtype
     if not args.file.is_file():
         raise ConfigError(f"{args.file} is not a file")
     loaded = load_model(args.model, args.dtype, kernel_backend=args.kernel_backend, lm_head_quant=args.lm_head_quant)
     context = min(args.context, loaded.max_model_len)
     token_ids = loaded.tokenizer.encode(args.file.read_text(encoding="utf-8"), add_special_tokens=False)
-    result = evaluate_perplexity(loaded.model, token_ids, context)
+    result = evaluate_perplexity(loaded.model, token_ids, context,
+                                 resolve_kv_cache_dtype(args.kv_cache_dtype, loaded.dtype))
     print(f"perplexity {result.perplexity:.4f} over {result.scored_tokens} scored tokens "
           f"({len(token_ids)} tokens in {result.chunks} non-overlapping chunks of up to {context})", file=sys.stdout)
     return 0

@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 
 from shrike import _C
+from shrike.layers import kv_int8
+from shrike.layers.attention import read_cache
 from shrike.layers.rotary import apply_rotary
 from shrike.registry import Registry
 
@@ -51,26 +53,32 @@ def add_rmsnorm_reference(x: torch.Tensor, residual: torch.Tensor, weight: torch
 
 def rope_write_kv_reference(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slot_mapping: torch.Tensor,
                             q_out: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor) -> None:
-    """Rotate q and k of qkv (T, (H + 2*Hkv) * D); q to q_out (T, H, D), k and v into the caches."""
+    """Rotate q and k of qkv (T, (H + 2*Hkv) * D); q to q_out (T, H, D), k and v into the caches
+    (as int8 rows with their scales for an int8 cache)."""
     tokens, heads, head_dim = q_out.shape
     kv_heads = key_cache.shape[1]
     q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
     q_out.copy_(apply_rotary(q.reshape(tokens, heads, head_dim), cos, sin))
-    key_cache[slot_mapping] = apply_rotary(k.reshape(tokens, kv_heads, head_dim), cos, sin).to(key_cache.dtype)
-    value_cache[slot_mapping] = v.reshape(tokens, kv_heads, head_dim).to(value_cache.dtype)
+    k = apply_rotary(k.reshape(tokens, kv_heads, head_dim), cos, sin)
+    v = v.reshape(tokens, kv_heads, head_dim)
+    if key_cache.dtype == torch.int8:
+        key_cache[slot_mapping], value_cache[slot_mapping] = kv_int8.quantize(k), kv_int8.quantize(v)
+    else:
+        key_cache[slot_mapping], value_cache[slot_mapping] = k.to(key_cache.dtype), v.to(value_cache.dtype)
 
 
 def paged_attention_reference(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                               block_tables: torch.Tensor, query_start: torch.Tensor, context_lens: torch.Tensor,
                               block_size: int, scale: float, out: torch.Tensor) -> None:
-    """Causal attention of q (T, H, D) over the paged cache, with scaled_dot_product_attention."""
+    """Causal attention of q (T, H, D) over the paged cache (int8 rows dequantized), with
+    scaled_dot_product_attention."""
     starts, contexts = query_start.tolist(), context_lens.tolist()
     for b, context in enumerate(contexts):
         begin, end = starts[b], starts[b + 1]
         blocks = block_tables[b, :-(-context // block_size)].to(torch.int64)
         slots = (blocks[:, None] * block_size + torch.arange(block_size)[None, :]).reshape(-1)[:context]
-        k = key_cache[slots].to(q.dtype).transpose(0, 1)  # (kv_heads, context, D)
-        v = value_cache[slots].to(q.dtype).transpose(0, 1)
+        k = read_cache(key_cache, slots, q.dtype).transpose(0, 1)  # (kv_heads, context, D)
+        v = read_cache(value_cache, slots, q.dtype).transpose(0, 1)
         qs = q[begin:end].transpose(0, 1)  # (heads, q_len, D)
         # Query j sits at position context - q_len + j and sees keys up to that position.
         mask = torch.arange(context)[None, :] <= torch.arange(context - (end - begin), context)[:, None]

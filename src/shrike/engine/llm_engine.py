@@ -10,7 +10,7 @@ from shrike.engine.model_runner import ModelRunner
 from shrike.engine.scheduler import Scheduler
 from shrike.engine.sequence import Sequence
 from shrike.engine.stop import StopStringFilter
-from shrike.model.loader import LoadedModel, load_model, resolve_dtype
+from shrike.model.loader import LoadedModel, load_model, resolve_kv_cache_dtype
 from shrike.platform.binding import bind_compute_threads
 from shrike.sampling.params import SamplingParams
 from shrike.sampling.sampler import TokenLogprobs
@@ -29,7 +29,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     block_size: int = 16
     kv_cache_space_gib: float | None = None  # None: sized from free memory
-    kv_cache_dtype: str = "auto"  # auto: the activations' dtype (bf16 for bf16 and quantized models)
+    kv_cache_dtype: str = "auto"  # auto: the activations' dtype (bf16 for bf16 and quantized models); or int8
     chat_template: str | None = None
     enable_prefix_caching: bool = True
     cpu_threads: int | None = None  # None: one per default core
@@ -92,7 +92,7 @@ class LLMEngine:
         self.dtype = loaded.dtype
         self.model_dir = loaded.model_dir
         self.max_model_len = loaded.max_model_len
-        self.kv_dtype = self.dtype if config.kv_cache_dtype == "auto" else resolve_dtype(config.kv_cache_dtype, self.model_config)
+        self.kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype)
         self.kv_plan = loaded.plan_kv_cache(config.kv_cache_space_gib, config.block_size, config.max_num_seqs,
                                             self.kv_dtype)
         self.block_manager = BlockManager(self.kv_plan.num_blocks, config.block_size, config.enable_prefix_caching)

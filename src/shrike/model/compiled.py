@@ -23,6 +23,7 @@ from shrike.quantization.loading import QuantizedLinear
 # Ops the plan runs inline for every model; the linear formats are checked per layer.
 PLAN_OPS = ("embedding", "rmsnorm", "add_rmsnorm", "rope_write_kv", "paged_attention", "silu_mul")
 _DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
+_CACHE_DTYPES = {**_DTYPES, torch.int8: "int8"}  # int8: rows of values and scales (shrike.layers.kv_int8)
 
 
 def _has_dense_kernel(ops) -> bool:
@@ -79,7 +80,7 @@ class CompiledForward:
                      intermediate=c.intermediate_size, vocab=c.vocab_size, block_size=block_size,
                      num_slots=kv_caches[0].key.shape[0], eps=c.rms_norm_eps, attn_scale=c.head_dim ** -0.5,
                      scale_emb=c.scale_emb, residual_scale=c.residual_scale, logit_divisor=c.logit_divisor,
-                     act_dtype=_DTYPES[model.dtype], cache_dtype=_DTYPES[cache_dtype])
+                     act_dtype=_DTYPES[model.dtype], cache_dtype=_CACHE_DTYPES[cache_dtype])
         plan = _C.ForwardPlan(shape, max_tokens, max_seqs)
         rotary = model.rotary
         long_table = getattr(rotary, "cos_sin_long", None)
@@ -126,7 +127,7 @@ def plan_blocker(model, kv_caches: list[KVCache]) -> str | None:
     for name in PLAN_OPS:
         if not ops.is_builtin(name):
             return f"op {name} resolves to {ops.chosen[name].source}"
-    if model.dtype not in _DTYPES or kv_caches[0].key.dtype not in _DTYPES:
+    if model.dtype not in _DTYPES or kv_caches[0].key.dtype not in _CACHE_DTYPES:
         return "activations or KV cache in a dtype the kernels do not take"
     for layer in model.layers:
         for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"):

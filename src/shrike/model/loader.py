@@ -21,6 +21,29 @@ from shrike.tokenizer import Tokenizer
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 
 
+KV_CACHE_DTYPES = ("auto", "bfloat16", "float32", "int8")
+
+
+def resolve_kv_cache_dtype(name: str, act_dtype: torch.dtype) -> torch.dtype:
+    """--kv-cache-dtype -> the cache tensors' dtype (torch.int8: int8 rows with per-row scales)."""
+    if name == "auto":
+        return act_dtype
+    if name == "int8":
+        return torch.int8
+    if name in ("bfloat16", "float32"):
+        return DTYPES[name]
+    raise ConfigError(f"--kv-cache-dtype {name!r} is not supported; use {', '.join(KV_CACHE_DTYPES)} "
+                      "(int8 halves the cache of a bfloat16 model)")
+
+
+def kv_cache_bytes(kv_dtype: torch.dtype) -> tuple[int, int]:
+    """(bytes per cached value, bytes of scale per token and KV head) of a cache dtype."""
+    if kv_dtype == torch.int8:
+        from shrike.layers import kv_int8
+        return 1, kv_int8.SCALE_BYTES
+    return torch.finfo(kv_dtype).bits // 8, 0
+
+
 def resolve_dtype(name: str, config: ModelConfig) -> torch.dtype:
     if name == "auto":
         stored = config.raw.get("torch_dtype") or config.raw.get("dtype") or "bfloat16"
@@ -44,8 +67,9 @@ class LoadedModel:
     def plan_kv_cache(self, space_gib: float | None, block_size: int, max_num_seqs: int,
                       kv_dtype: torch.dtype) -> KVCachePlan:
         c = self.config
+        value_bytes, scale_bytes = kv_cache_bytes(kv_dtype)
         return plan_kv_cache(num_layers=c.num_layers, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
-                             kv_dtype_bytes=torch.finfo(kv_dtype).bits // 8, block_size=block_size,
+                             kv_dtype_bytes=value_bytes, kv_scale_bytes=scale_bytes, block_size=block_size,
                              max_model_len=self.max_model_len, weight_bytes=self.weight_bytes,
                              kv_cache_space_gib=space_gib, max_num_seqs=max_num_seqs,
                              available_bytes=self.available_bytes_before_load)

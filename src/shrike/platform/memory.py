@@ -79,6 +79,7 @@ def plan_kv_cache(
     available_bytes: int | None = None,
     max_num_seqs: int | None = None,
     runtime_reserve_bytes: int = RUNTIME_RESERVE_BYTES,
+    kv_scale_bytes: int = 0,
 ) -> KVCachePlan:
     """Size the paged KV cache.
 
@@ -100,7 +101,8 @@ def plan_kv_cache(
     if available_bytes is None:
         available_bytes = read_memory().available_bytes
 
-    bytes_per_token = 2 * num_layers * num_kv_heads * head_dim * kv_dtype_bytes  # keys and values
+    # keys and values; an int8 cache also keeps a scale per token and KV head
+    bytes_per_token = 2 * num_layers * num_kv_heads * (head_dim * kv_dtype_bytes + kv_scale_bytes)
     after_weights = available_bytes - weight_bytes - runtime_reserve_bytes
     if kv_cache_space_gib is not None:
         source, budget = "flag", int(kv_cache_space_gib * GIB)

@@ -72,8 +72,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lm-head-quant", default="none", choices=["none", "int8"],
                         help="none: the lm_head keeps the checkpoint's precision (default); "
                         "int8: quantized per vocabulary row at load (half the bytes of bf16, slightly less accurate)")
-    parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "bfloat16", "float32"],
-                        help="KV-cache element type (default: the activations' dtype)")
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "bfloat16", "float32", "int8"],
+                        help="KV-cache element type (default: the activations' dtype); int8: values quantized per "
+                        "token and KV head, about half the bytes of bfloat16")
     parser.add_argument("--cpu-threads", type=int, default=None, help="compute threads (default: one per fast core)")
     parser.add_argument("--cpu-bind", default=None, metavar="LIST",
                         help="cores to compute on, e.g. 0,1,6-11 (default: the fastest class of usable cores)")
