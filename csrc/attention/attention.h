@@ -7,6 +7,8 @@
 // the sequence sees keys 0 .. context_len - query_len + j. Position p of the sequence lives in
 // cache slot block_tables[b][p / block_size] * block_size + p % block_size.
 // GQA: query head h reads KV head h / (num_heads / num_kv_heads).
+// Sliding window (sliding_window = W > 0): the query at position p sees only keys p - W + 1 .. p,
+// and the kernel reads nothing older, so cache blocks wholly before the window may be reused.
 #pragma once
 #include <cstdint>
 
@@ -25,6 +27,7 @@ struct PagedAttentionArgs {
   int64_t num_seqs, max_blocks, num_heads, num_kv_heads, head_dim, block_size;
   float scale;
   DType q_dtype, cache_dtype;
+  int64_t sliding_window;  // 0: full causal attention; W > 0: each query sees its last W positions
 };
 
 // Arguments are trusted (the bindings check them).
