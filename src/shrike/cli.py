@@ -60,9 +60,14 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--stats", action="store_true", help="print time to first token and decode speed to stderr")
 
     conv = sub.add_parser("convert", help="convert a GGUF file to a Hugging Face-style directory",
-                          description="Convert a GGUF (llama architecture) into bf16 safetensors + tokenizer + config.")
+                          description="Convert a GGUF (llama or gemma3 architecture, any common tensor type) into "
+                                      "bf16 safetensors + tokenizer + config, or with --quantize into W4A8/W8A8.")
     conv.add_argument("src", type=Path, help="input .gguf file")
     conv.add_argument("dst", type=Path, help="output directory")
+    from shrike.quantization.schemes import SCHEMES
+    conv.add_argument("--quantize", default=None, choices=list(SCHEMES), metavar="SCHEME",
+                      help=f"re-quantize the linear layers to {' | '.join(SCHEMES)} (compressed-tensors) "
+                           "instead of writing bf16")
 
     from shrike.doctor import add_doctor_arguments
     doc = sub.add_parser("doctor", help="show CPU, kernels, core binding, memory plan, caches and plugins",
@@ -117,7 +122,11 @@ def _convert(args: argparse.Namespace) -> int:
     from shrike.convert import convert_gguf
     if not args.src.is_file():
         raise ConfigError(f"{args.src} is not a file")
-    convert_gguf(args.src, args.dst)
+    if args.quantize is None:
+        convert_gguf(args.src, args.dst)
+    else:
+        from shrike.convert.quantized import convert_and_quantize
+        convert_and_quantize(args.src, args.dst, args.quantize)
     print(f"wrote {args.dst}")
     return 0
 
