@@ -8,6 +8,7 @@ scale kept finite, which exercises the same block layouts.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import gguf
@@ -147,3 +148,29 @@ def test_unsupported_architecture_names_the_supported_ones(tmp_path):
     write_typed_gguf(tmp_path / "phi.gguf", [Q.F32], architecture="phi3")
     with pytest.raises(ValueError, match=r"^GGUF architecture 'phi3' is not supported; .*'llama'.*'gemma3'"):
         convert_gguf(tmp_path / "phi.gguf", tmp_path / "out", progress=False)
+
+
+@pytest.mark.parametrize("scheme,fmt,bits", [("w4a8-g128", "w4a8", 4), ("w8a8", "w8a8", 8)])
+def test_convert_can_requantize_in_the_same_command(tmp_path, scheme, fmt, bits):
+    from shrike.cli import main
+    from shrike.llm import LLM
+    from shrike.sampling.params import SamplingParams
+
+    write_typed_gguf(tmp_path / "k.gguf", [Q.Q4_K, Q.Q6_K, Q.Q8_0])
+    assert main(["convert", str(tmp_path / "k.gguf"), str(tmp_path / scheme), "--quantize", scheme]) == 0
+    config = json.loads((tmp_path / scheme / "config.json").read_text())
+    assert config["quantization_config"]["config_groups"]["group_0"]["weights"]["num_bits"] == bits
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["k.gguf", scheme]  # the bf16 staging copy is gone
+    llm = LLM(str(tmp_path / scheme), max_model_len=64, progress=False)
+    layer = llm.llm_engine.runner.model.layers[0].qkv_proj
+    assert layer.format == fmt
+    (out,) = llm.generate(["ab"], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+    assert len(out.outputs[0].token_ids) == 4
+
+
+def test_convert_refuses_an_unknown_scheme_in_one_line(tmp_path, capsys):
+    from shrike.cli import main
+    write_typed_gguf(tmp_path / "k.gguf", [Q.F32])
+    with pytest.raises(SystemExit):
+        main(["convert", str(tmp_path / "k.gguf"), str(tmp_path / "out"), "--quantize", "w3a8"])
+    assert "invalid choice: 'w3a8'" in capsys.readouterr().err
