@@ -98,7 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-BENCHMARKS = {"kernels": "bench_kernels", "serving": "bench_serving", "reference": "bench_reference", "soak": "soak"}
+BENCHMARKS = {"kernels": "bench_kernels", "serving": "bench_serving", "reference": "bench_reference", "soak": "soak",
+              "gguf-import": "bench_gguf_import"}
 
 
 def _bench(args: argparse.Namespace) -> int:
