@@ -9,6 +9,9 @@ Linear ops take the weight object their format's loader built: ``kernels.W4A8Wei
 ``W8A8Weight`` with the kernel backend, the ``reference_kernels`` weights with
 ``--kernel-backend reference``, and a (N, K) tensor for ``dense_linear``. Their bias is float32
 for the quantized formats and in the weight's dtype for dense layers.
+
+``paged_attention`` takes an optional trailing ``sliding_window`` (0 = off); only Gemma 3's sliding
+layers pass it, so a plugin's attention op without that parameter still serves every other model.
 """
 from __future__ import annotations
 
