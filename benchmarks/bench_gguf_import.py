@@ -39,16 +39,17 @@ def converted(gguf: Path, work: Path, scheme: str | None) -> Path:
     return target
 
 
-def decode_tokens_per_second(engine) -> float:
+def decode_tokens_per_second(engine, prompt_tokens: int, decode_tokens: int) -> float:
     from shrike.sampling.params import SamplingParams
-    prompt = [(i * 7919) % 20000 + 100 for i in range(PROMPT_TOKENS)]
+    vocab = engine.tokenizer.vocab_size
+    prompt = [(i * 7919) % (vocab - 100) + 100 for i in range(prompt_tokens)]
     engine.add_request(f"bench-{time.monotonic_ns()}", prompt,
-                       SamplingParams(max_tokens=DECODE_TOKENS + 1, temperature=0, ignore_eos=True))
+                       SamplingParams(max_tokens=decode_tokens + 1, temperature=0, ignore_eos=True))
     first = None
     while engine.has_unfinished():
         if engine.step() and first is None:
             first = time.perf_counter()
-    return DECODE_TOKENS / (time.perf_counter() - first)
+    return decode_tokens / (time.perf_counter() - first)
 
 
 def llama_bench_decode(binary: str, gguf: Path, threads: int) -> float:
@@ -79,12 +80,14 @@ def main(argv: list[str] | None = None) -> int:
     engines = {}
     rows = []
     for name, scheme in VARIANTS:
-        engine = LLMEngine(EngineConfig(model=str(converted(gguf, args.work, scheme)), max_model_len=1024,
+        model_dir = converted(gguf, args.work, scheme)
+        limit = json.loads((model_dir / "config.json").read_text())["max_position_embeddings"]
+        engine = LLMEngine(EngineConfig(model=str(model_dir), max_model_len=min(1024, limit),
                                         cpu_threads=args.threads, progress=False))
         perplexities = []
         for text in TEXTS:
             ids = engine.tokenizer.encode(text.read_text(encoding="utf-8"), add_special_tokens=False)
-            perplexities.append(evaluate_perplexity(engine.runner.model, ids, 512).perplexity)
+            perplexities.append(evaluate_perplexity(engine.runner.model, ids, min(512, limit)).perplexity)
         engines[name] = engine
         rows.append([name, *perplexities])
     decode = {name: [] for name in engines}
@@ -92,7 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     have_llama = Path(args.llama_bench).is_file()
     for _ in range(args.reps):  # interleaved, so load from other processes hits every engine alike
         for name, engine in engines.items():
-            decode[name].append(decode_tokens_per_second(engine))
+            # a tiny test model's short context caps the lengths; real models get the documented ones
+            length = min(PROMPT_TOKENS, engine.config.max_model_len // 4 or 1)
+            decode[name].append(decode_tokens_per_second(engine, length, length))
         if have_llama:
             llama.append(llama_bench_decode(args.llama_bench, gguf, args.threads))
     lines = [f"# {gguf.name}: Shrike imports (bf16 dequantized, re-quantized W8A8 / W4A8) vs llama.cpp on the GGUF",
