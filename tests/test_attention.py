@@ -133,7 +133,7 @@ def poison_outside_windows(cache, ctx, window):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("window", [1, 7, 40, 512])  # inside one tile, across tiles and blocks, wider than most
+@pytest.mark.parametrize("window", [1, 7, 40])  # inside one tile, across tiles and blocks
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 def test_sliding_window_matches_sdpa_and_reads_only_the_window(variants, scenario, window, dtype):
     query_lens, context_lens = SCENARIOS[scenario]
