@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-TEXTS = [REPO / "tests" / "data" / "public_domain_english.txt", REPO / "tests" / "data" / "calibration_bill_of_rights.txt"]
+TEXTS = [REPO / "tests" / "data" / name for name in ("public_domain_english.txt", "calibration_bill_of_rights.txt")]
 VARIANTS = [("bf16", None), ("w8a8", "w8a8"), ("w4a8-g128", "w4a8-g128")]
 PROMPT_TOKENS, DECODE_TOKENS = 64, 64
 

@@ -38,7 +38,8 @@ void paged_attention(const PagedAttentionArgs& a) {
   int64_t work = 0;
   for (int64_t b = 0; b < a.num_seqs; ++b) {
     const int64_t q_len = a.query_start[b + 1] - a.query_start[b];
-    const int64_t seen = a.sliding_window > 0 ? std::min<int64_t>(a.context_lens[b], a.sliding_window) : a.context_lens[b];
+    const int64_t seen =
+        a.sliding_window > 0 ? std::min<int64_t>(a.context_lens[b], a.sliding_window) : a.context_lens[b];
     work += q_len * seen;
     // Later query blocks see more keys: queue them first so the long items do not come last.
     for (int64_t end = q_len; end > 0; end -= tokens_per_item) {

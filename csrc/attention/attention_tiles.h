@@ -48,7 +48,8 @@ void attend_typed(const PagedAttentionArgs& a, const AttentionWorkItem& w, float
   const int64_t key_end = first_pos + w.q_begin + w.q_count;  // keys the item's last token sees
   const int64_t window = a.sliding_window;
   // Oldest key any token of the item sees: its first token's window start.
-  const int64_t key_begin = window > 0 && first_pos + w.q_begin - window + 1 > 0 ? first_pos + w.q_begin - window + 1 : 0;
+  const int64_t oldest_seen = first_pos + w.q_begin - window + 1;
+  const int64_t key_begin = window > 0 && oldest_seen > 0 ? oldest_seen : 0;
   for (int64_t key0 = key_begin; key0 < key_end;) {
     const int64_t in_block = key0 % a.block_size;
     int64_t n = a.block_size - in_block;
