@@ -13,6 +13,7 @@ from shrike.layers.attention import KVCache
 from shrike.model.config import ModelConfig
 from shrike.model.gemma3 import Gemma3ForCausalLM
 from shrike.model.weights import CheckpointTensors
+from shrike.plugins import build_registry
 
 TOKENS = 24
 
@@ -40,9 +41,9 @@ def saved(tmp_path_factory):
     return model, directory
 
 
-def shrike_logits(directory, token_ids: torch.Tensor, block_size: int = 8) -> torch.Tensor:
+def shrike_logits(directory, token_ids: torch.Tensor, block_size: int = 8, ops=None) -> torch.Tensor:
     config = ModelConfig.from_dir(directory)
-    model = Gemma3ForCausalLM(config, CheckpointTensors(directory), torch.float32)
+    model = Gemma3ForCausalLM(config, CheckpointTensors(directory), torch.float32, ops=ops)
     n = token_ids.shape[0]
     blocks = -(-n // block_size)
     caches = [KVCache(blocks, block_size, config.num_kv_heads, config.head_dim, torch.float32)
@@ -53,12 +54,13 @@ def shrike_logits(directory, token_ids: torch.Tensor, block_size: int = 8) -> to
         return model.forward(token_ids, ctx, caches, torch.arange(n))
 
 
-def test_every_position_matches_transformers(saved):
+@pytest.mark.parametrize("backend", ["auto", "reference"])  # built-in kernels, or every op's torch reference
+def test_every_position_matches_transformers(saved, backend):
     model, directory = saved
     token_ids = torch.randint(0, 300, (TOKENS,), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         expected = model(token_ids[None]).logits[0]  # (TOKENS, vocab)
-    ours = shrike_logits(directory, token_ids)
+    ours = shrike_logits(directory, token_ids, ops=build_registry().op_table(backend))
     assert ours.abs().max() <= 5.0  # soft-capped
     torch.testing.assert_close(ours, expected, rtol=1e-4, atol=1e-4)
 
