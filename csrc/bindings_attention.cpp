@@ -30,7 +30,8 @@ const int32_t* int32_data(const Array& a, const char* name, size_t ndim) {
 }
 
 void paged_attention(const Array& q, const Array& key_cache, const Array& value_cache, const Array& block_tables,
-                     const Array& query_start, const Array& context_lens, int64_t block_size, float scale, Array& out) {
+                     const Array& query_start, const Array& context_lens, int64_t block_size, float scale, Array& out,
+                     int64_t sliding_window) {
   shrike::PagedAttentionArgs a{};
   a.q_dtype = float_dtype(q, kOp, "q");
   a.cache_dtype = cache_dtype(key_cache, kOp, "key_cache");
@@ -54,6 +55,7 @@ void paged_attention(const Array& q, const Array& key_cache, const Array& value_
     fail("q heads (" + std::to_string(a.num_heads) + ") must be a multiple of the KV heads (" + std::to_string(a.num_kv_heads) + ")");
   if (a.head_dim < 1) fail("head_dim must be positive");
   if (block_size < 1) fail("block_size must be positive");
+  if (sliding_window < 0) fail("sliding_window must be 0 (off) or a positive number of positions");
 
   a.block_tables = int32_data(block_tables, "block_tables", 2);
   a.context_lens = int32_data(context_lens, "context_lens", 1);
@@ -77,7 +79,7 @@ void paged_attention(const Array& q, const Array& key_cache, const Array& value_
     }
   }
   a.q = q.data(), a.key_cache = key_cache.data(), a.value_cache = value_cache.data(), a.out = out.data();
-  a.block_size = block_size, a.scale = scale;
+  a.block_size = block_size, a.scale = scale, a.sliding_window = sliding_window;
   nb::gil_scoped_release release;
   shrike::paged_attention(a);
 }
@@ -87,7 +89,8 @@ void paged_attention(const Array& q, const Array& key_cache, const Array& value_
 void bind_attention(nb::module_& m) {
   m.def("paged_attention", &paged_attention, nb::arg("q"), nb::arg("key_cache"), nb::arg("value_cache"),
         nb::arg("block_tables"), nb::arg("query_start"), nb::arg("context_lens"), nb::arg("block_size"), nb::arg("scale"),
-        nb::arg("out").noconvert(),
+        nb::arg("out").noconvert(), nb::arg("sliding_window") = 0,
         "Causal attention of q (T, H, D) over a paged KV cache (S, Hkv, D), or int8 rows (S, Hkv, D + 4), "
-        "written to out (T, H, D); see csrc/attention/attention.h.");
+        "written to out (T, H, D); sliding_window W > 0 limits each query to its last W positions; "
+        "see csrc/attention/attention.h.");
 }

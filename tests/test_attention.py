@@ -54,11 +54,12 @@ def make_batch(query_lens, context_lens, heads, kv_heads, head_dim, block_size, 
     return q, cache, ctx, keys, values
 
 
-def sdpa_float64(q, ctx, keys, values, scale):
+def sdpa_float64(q, ctx, keys, values, scale, window=0):
     out, start = [], 0
     for n, c, k, v in zip(ctx.query_lens, ctx.context_lens, keys, values):
         qs = q[start:start + n].double().transpose(0, 1)  # (heads, n, head_dim)
-        mask = torch.arange(c)[None, :] <= torch.arange(c - n, c)[:, None]  # (n, c)
+        key_pos, q_pos = torch.arange(c)[None, :], torch.arange(c - n, c)[:, None]
+        mask = (key_pos <= q_pos) & ((key_pos > q_pos - window) if window else True)  # (n, c)
         o = F.scaled_dot_product_attention(qs, k.double().transpose(0, 1), v.double().transpose(0, 1),
                                            attn_mask=mask, scale=scale, enable_gqa=True)
         out.append(o.transpose(0, 1))
@@ -121,6 +122,41 @@ def test_layer_entry_point_uses_kernel_like_reference(dtype):
     assert ctx.kernel_args is ctx.kernel_args  # built once per step, shared by the layers
 
 
+def poison_outside_windows(cache, ctx, window):
+    """NaN into every cached position older than all of its sequence's query windows, as if its block
+    had been handed to another sequence: reading one would poison the output."""
+    for n, c, table in zip(ctx.query_lens, ctx.context_lens, ctx.block_tables):
+        slots = (torch.tensor(table)[:, None] * ctx.block_size + torch.arange(ctx.block_size)).reshape(-1)
+        oldest_seen = max(0, c - n - window + 1)
+        cache.key[slots[:oldest_seen]] = float("nan")
+        cache.value[slots[:oldest_seen]] = float("nan")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("window", [1, 7, 40])  # inside one tile, across tiles and blocks
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_sliding_window_matches_sdpa_and_reads_only_the_window(variants, scenario, window, dtype):
+    query_lens, context_lens = SCENARIOS[scenario]
+    q, cache, ctx, keys, values = make_batch(query_lens, context_lens, 8, 2, 64, 16, dtype)
+    expected = sdpa_float64(q, ctx, keys, values, 0.125, window)
+    poison_outside_windows(cache, ctx, window)
+    tol = TOLERANCE[dtype]
+    for isa in variants:
+        _C.set_isa(isa)
+        out = torch.empty_like(q)
+        _C.paged_attention(q, cache.key, cache.value, *ctx.kernel_args, ctx.block_size, 0.125, out, window)
+        torch.testing.assert_close(out.double(), expected, atol=tol, rtol=tol, msg=lambda m: f"{isa}: {m}")
+    torch.testing.assert_close(paged_attention_reference(q, cache, ctx, 0.125, window).double(), expected,
+                               atol=tol, rtol=tol)
+
+
+def test_window_wider_than_every_context_is_bit_identical_to_none(variants):
+    q, cache, ctx, _, _ = make_batch([45, 20, 1], [300, 20, 33], 8, 2, 64, 16, torch.float32)
+    for isa in variants:
+        _C.set_isa(isa)
+        assert torch.equal(run_kernel(q, cache, ctx, 0.125), paged_attention(q, cache, ctx, 0.125, sliding_window=300))
+
+
 def test_bad_arguments_raise():
     q, cache, ctx, _, _ = make_batch([2], [20], 4, 2, 64, 16, torch.float32)
     tables, query_start, context_lens = ctx.kernel_args
@@ -135,6 +171,8 @@ def test_bad_arguments_raise():
     with pytest.raises(ValueError, match="multiple of the KV heads"):
         q3 = torch.randn(2, 3, 64)
         _C.paged_attention(q3, cache.key, cache.value, tables, query_start, context_lens, 16, 1.0, torch.empty_like(q3))
+    with pytest.raises(ValueError, match="sliding_window must be 0"):
+        _C.paged_attention(q, cache.key, cache.value, tables, query_start, context_lens, 16, 1.0, out, -1)
     with pytest.raises(TypeError, match="int32"):
         _C.paged_attention(q, cache.key, cache.value, tables.long(), query_start, context_lens, 16, 1.0, out)
     with pytest.raises(ValueError, match="contiguous"):

@@ -80,8 +80,9 @@ void paged_attention(const PagedAttentionArgs& a) {
   int64_t work = 0;
   for (int64_t b = 0; b < a.num_seqs; ++b) {
     const int64_t q_len = a.query_start[b + 1] - a.query_start[b], context = a.context_lens[b];
-    work += q_len * context;
-    const bool split = q_len <= kSplitMaxQueryLen && context > kSplitKeys;
+    work += q_len * (a.sliding_window > 0 ? std::min<int64_t>(context, a.sliding_window) : context);
+    // A windowed layer reads at most its window: no split needed, and none would start before it.
+    const bool split = a.sliding_window == 0 && q_len <= kSplitMaxQueryLen && context > kSplitKeys;
     // Later query blocks see more keys: queue them first so the long items do not come last.
     for (int64_t end = q_len; end > 0; end -= tokens_per_item) {
       const int64_t begin = std::max<int64_t>(0, end - tokens_per_item);

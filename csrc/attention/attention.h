@@ -15,6 +15,9 @@
 // gets one work item per kSplitKeys keys and KV head, each leaving an unnormalised partial
 // result, merged by log-sum-exp at the end. The split depends only on the sequence's own
 // lengths, never on the thread count or the rest of the batch, so results are reproducible.
+//
+// Sliding window (sliding_window = W > 0): the query at position p sees only keys p - W + 1 .. p,
+// and the kernel reads nothing older, so cache blocks wholly before the window may be reused.
 #pragma once
 #include <cstdint>
 
@@ -33,6 +36,7 @@ struct PagedAttentionArgs {
   int64_t num_seqs, max_blocks, num_heads, num_kv_heads, head_dim, block_size;
   float scale;
   DType q_dtype, cache_dtype;
+  int64_t sliding_window;  // 0: full causal attention; W > 0: each query sees its last W positions
 };
 
 // Arguments are trusted (the bindings check them).

@@ -49,7 +49,11 @@ void attend_typed(const PagedAttentionArgs& a, const AttentionWorkItem& w, float
   const TKV* value_cache = static_cast<const TKV*>(a.value_cache);
   int64_t key_end = first_pos + w.q_begin + w.q_count;  // keys the item's last token sees
   if (key_end > w.key_end) key_end = w.key_end;
-  for (int64_t key0 = w.key_begin; key0 < key_end;) {
+  const int64_t window = a.sliding_window;
+  // Oldest key any token of the item sees: its first token's window start.
+  const int64_t oldest_seen = first_pos + w.q_begin - window + 1;
+  const int64_t key_begin = window > 0 && oldest_seen > w.key_begin ? oldest_seen : w.key_begin;
+  for (int64_t key0 = key_begin; key0 < key_end;) {
     const int64_t in_block = key0 % a.block_size;
     int64_t n = a.block_size - in_block;
     if (n > kAttentionTileKeys) n = kAttentionTileKeys;
@@ -71,19 +75,26 @@ void attend_typed(const PagedAttentionArgs& a, const AttentionWorkItem& w, float
       k = k_tile, v = v_tile, kv_stride = d;
     }
     for (int64_t t = 0; t < w.q_count; ++t) {
-      int64_t visible = first_pos + w.q_begin + t + 1 - key0;  // causal limit of this token within the tile
+      const int64_t pos = first_pos + w.q_begin + t;
+      int64_t visible = pos + 1 - key0;  // causal limit of this token within the tile
       if (visible <= 0) continue;
       if (visible > n) visible = n;
+      // Keys of the tile before this token's window: skipped (window > 0 only).
+      const int64_t skip = window > 0 && pos - window + 1 > key0 ? pos - window + 1 - key0 : 0;
+      if (skip >= visible) continue;
+      const int64_t count = visible - skip;
+      const float* k_seen = k + skip * kv_stride;
+      const float* v_seen = v + skip * kv_stride;
       for (int64_t g = 0; g < group; ++g) {
         const int64_t r = t * group + g;
         float* s = scores + r * kAttentionTileKeys;
-        Vec::query_key_scores(q_rows + r * d, k, kv_stride, visible, d, s);
+        Vec::query_key_scores(q_rows + r * d, k_seen, kv_stride, count, d, s);
         float tile_max = s[0];
-        for (int64_t j = 1; j < visible; ++j) tile_max = s[j] > tile_max ? s[j] : tile_max;
+        for (int64_t j = 1; j < count; ++j) tile_max = s[j] > tile_max ? s[j] : tile_max;
         const float new_max = tile_max > row_max[r] ? tile_max : row_max[r];
         const float rescale = std::exp(row_max[r] - new_max);  // 0 on the row's first tile
-        row_sum[r] = row_sum[r] * rescale + Vec::exp_shifted(s, visible, new_max);
-        Vec::rescale_accumulate(acc + r * d, rescale, s, v, kv_stride, visible, d);
+        row_sum[r] = row_sum[r] * rescale + Vec::exp_shifted(s, count, new_max);
+        Vec::rescale_accumulate(acc + r * d, rescale, s, v_seen, kv_stride, count, d);
         row_max[r] = new_max;
       }
     }

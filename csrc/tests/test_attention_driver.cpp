@@ -1,6 +1,7 @@
 // Checks the scalar paged-attention reference against a naive double-precision attention, then
 // every other available variant against the reference, over decode, prefill and chunked-prefill
-// batches. Unused cache slots hold NaN, so a read outside a sequence's visible keys shows up.
+// batches, with and without a sliding window. Unused cache slots hold NaN, and so do positions
+// older than every query's window, so a read outside a sequence's visible keys shows up.
 // Built without Python so the Arm variants can run under qemu-user.
 //
 //   test_attention_driver [--isa NAME] [--expect NAME,NAME] [--quick]
@@ -36,6 +37,7 @@ struct Case {
   // q = 0: every attention weight is exactly 1 in every variant, so the output (the mean of the
   // values in key order) must match the reference bit for bit.
   bool zero_q = false;
+  int64_t window = 0;  // sliding window, 0 = off
 };
 
 // Values as stored (bf16 ones already rounded, int8 ones dequantized), kept as float for the naive
@@ -128,6 +130,9 @@ Batch make_batch(const Case& c) {
       if (p % c.block_size == 0) b.block_tables[s * b.max_blocks + p / c.block_size] = order[next_block++];
       const int64_t slot = b.block_tables[s * b.max_blocks + p / c.block_size] * c.block_size + p % c.block_size;
       seq_slots.push_back(slot);
+      // Positions no query's window reaches stay NaN, as if their block had been reused.
+      const int64_t oldest_seen = c.window > 0 ? len - c.query_lens[s] - c.window + 1 : 0;
+      if (p < oldest_seen) continue;
       if (int8) {
         std::vector<float> k(c.head_dim), v(c.head_dim);
         for (int64_t h = 0; h < c.kv_heads; ++h) {
@@ -160,9 +165,10 @@ std::vector<double> naive_attention(const Case& c, const Batch& b, float scale) 
     for (int64_t t = 0; t < q_len; ++t)
       for (int64_t h = 0; h < c.heads; ++h) {
         const int64_t kvh = h / group, visible = first_pos + t + 1;
+        const int64_t oldest = c.window > 0 ? std::max<int64_t>(0, visible - c.window) : 0;
         const float* q = &b.q.values[((b.query_start[s] + t) * c.heads + h) * d];
-        std::vector<double> score(visible);
-        for (int64_t p = 0; p < visible; ++p) {
+        std::vector<double> score(visible, -std::numeric_limits<double>::infinity());
+        for (int64_t p = oldest; p < visible; ++p) {
           const float* k = &b.key_cache.values[(b.slots[s][p] * c.kv_heads + kvh) * d];
           double dot = 0.0;
           for (int64_t i = 0; i < d; ++i) dot += static_cast<double>(q[i]) * k[i];
@@ -172,7 +178,7 @@ std::vector<double> naive_attention(const Case& c, const Batch& b, float scale) 
         double sum = 0.0;
         for (double& v : score) sum += (v = std::exp(v - max));
         double* o = &out[((b.query_start[s] + t) * c.heads + h) * d];
-        for (int64_t p = 0; p < visible; ++p) {
+        for (int64_t p = oldest; p < visible; ++p) {
           const float* v = &b.value_cache.values[(b.slots[s][p] * c.kv_heads + kvh) * d];
           for (int64_t i = 0; i < d; ++i) o[i] += score[p] / sum * v[i];
         }
@@ -191,7 +197,7 @@ Tensor run(const Case& c, const Batch& b, float scale, Isa isa) {
   a.block_tables = b.block_tables.data(), a.query_start = b.query_start.data(), a.context_lens = c.context_lens.data();
   a.num_seqs = c.context_lens.size(), a.max_blocks = std::max<int64_t>(b.max_blocks, 1);
   a.num_heads = c.heads, a.num_kv_heads = c.kv_heads, a.head_dim = c.head_dim, a.block_size = c.block_size;
-  a.scale = scale, a.q_dtype = c.q_dtype, a.cache_dtype = c.cache_dtype;
+  a.scale = scale, a.q_dtype = c.q_dtype, a.cache_dtype = c.cache_dtype, a.sliding_window = c.window;
   paged_attention(a);
   return out;
 }
@@ -259,6 +265,13 @@ std::vector<Case> cases(bool quick) {
   }
   out.push_back({"int8 value path (q = 0), exact", {1, 4, 2}, {2500, 300, 40}, 16, 2, 128, 16, DType::f32, DType::i8, true});
   out.push_back({"int8 value path (q = 0), exact, D 36", {1, 2}, {1500, 40}, 6, 2, 36, 16, DType::f32, DType::i8, true});
+  // Sliding windows: shorter than a tile, across block and tile edges, longer than some contexts.
+  for (int64_t window : {1, 7, 40, 512})
+    for (DType dt : {DType::f32, DType::bf16}) {
+      const std::string suffix = " window" + std::to_string(window) + (dt == DType::f32 ? " f32" : " bf16");
+      out.push_back({"decode" + suffix, {1, 1, 1, 1}, {1, 17, 100, 1000}, 4, 1, 64, 16, dt, dt, false, window});
+      out.push_back({"chunked" + suffix, {45, 20, 1}, {300, 20, 33}, 8, 2, 64, 16, dt, dt, false, window});
+    }
   return out;
 }
 

@@ -65,9 +65,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "text (exact: outputs equal those without it) (default: off)")
 
     conv = sub.add_parser("convert", help="convert a GGUF file to a Hugging Face-style directory",
-                          description="Convert a GGUF (llama architecture) into bf16 safetensors + tokenizer + config.")
+                          description="Convert a GGUF (llama or gemma3 architecture, any common tensor type) into "
+                                      "bf16 safetensors + tokenizer + config, or with --quantize into W4A8/W8A8.")
     conv.add_argument("src", type=Path, help="input .gguf file")
     conv.add_argument("dst", type=Path, help="output directory")
+    from shrike.quantization.schemes import SCHEMES
+    conv.add_argument("--quantize", default=None, choices=list(SCHEMES), metavar="SCHEME",
+                      help=f"re-quantize the linear layers to {' | '.join(SCHEMES)} (compressed-tensors) "
+                           "instead of writing bf16")
 
     from shrike.doctor import add_doctor_arguments
     doc = sub.add_parser("doctor", help="show CPU, kernels, core binding, memory plan, caches and plugins",
@@ -99,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 BENCHMARKS = {"kernels": "bench_kernels", "serving": "bench_serving", "reference": "bench_reference", "soak": "soak",
-              "spec": "bench_spec", "long-context": "bench_long_context"}
+              "spec": "bench_spec", "long-context": "bench_long_context", "gguf-import": "bench_gguf_import"}
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -123,7 +128,11 @@ def _convert(args: argparse.Namespace) -> int:
     from shrike.convert import convert_gguf
     if not args.src.is_file():
         raise ConfigError(f"{args.src} is not a file")
-    convert_gguf(args.src, args.dst)
+    if args.quantize is None:
+        convert_gguf(args.src, args.dst)
+    else:
+        from shrike.convert.quantized import convert_and_quantize
+        convert_and_quantize(args.src, args.dst, args.quantize)
     print(f"wrote {args.dst}")
     return 0
 

@@ -9,9 +9,10 @@ Linear ops take the weight object their format's loader built: ``kernels.W4A8Wei
 ``W8A8Weight`` with the kernel backend, the ``reference_kernels`` weights with
 ``--kernel-backend reference``, and a (N, K) tensor for ``dense_linear``. Their bias is float32
 for the quantized formats and in the weight's dtype for dense layers.
-"""
-from __future__ import annotations
 
+``paged_attention`` takes an optional trailing ``sliding_window`` (0 = off); only Gemma 3's sliding
+layers pass it, so a plugin's attention op without that parameter still serves every other model.
+"""
 from __future__ import annotations
 
 import torch
@@ -19,7 +20,7 @@ import torch.nn.functional as F
 
 from shrike import _C
 from shrike.layers import kv_int8
-from shrike.layers.attention import read_cache
+from shrike.layers.attention import read_cache, visible_keys
 from shrike.layers.rotary import apply_rotary
 from shrike.registry import Registry
 
@@ -69,19 +70,19 @@ def rope_write_kv_reference(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Ten
 
 def paged_attention_reference(q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                               block_tables: torch.Tensor, query_start: torch.Tensor, context_lens: torch.Tensor,
-                              block_size: int, scale: float, out: torch.Tensor) -> None:
+                              block_size: int, scale: float, out: torch.Tensor, sliding_window: int = 0) -> None:
     """Causal attention of q (T, H, D) over the paged cache (int8 rows dequantized), with
-    scaled_dot_product_attention."""
+    scaled_dot_product_attention. sliding_window W > 0 (Gemma 3's local layers): a query sees only its
+    last W positions."""
     starts, contexts = query_start.tolist(), context_lens.tolist()
     for b, context in enumerate(contexts):
         begin, end = starts[b], starts[b + 1]
+        first, mask = visible_keys(end - begin, context, sliding_window)  # mask: (q_len, keys)
         blocks = block_tables[b, :-(-context // block_size)].to(torch.int64)
-        slots = (blocks[:, None] * block_size + torch.arange(block_size)[None, :]).reshape(-1)[:context]
-        k = read_cache(key_cache, slots, q.dtype).transpose(0, 1)  # (kv_heads, context, D)
+        slots = (blocks[:, None] * block_size + torch.arange(block_size)[None, :]).reshape(-1)[first:context]
+        k = read_cache(key_cache, slots, q.dtype).transpose(0, 1)  # (kv_heads, keys, D)
         v = read_cache(value_cache, slots, q.dtype).transpose(0, 1)
         qs = q[begin:end].transpose(0, 1)  # (heads, q_len, D)
-        # Query j sits at position context - q_len + j and sees keys up to that position.
-        mask = torch.arange(context)[None, :] <= torch.arange(context - (end - begin), context)[:, None]
         o = F.scaled_dot_product_attention(qs, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
         out[begin:end] = o.transpose(0, 1)
 

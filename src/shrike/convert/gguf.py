@@ -1,28 +1,47 @@
-"""Convert a llama-architecture GGUF file into a Hugging Face-style model directory."""
+"""Convert a GGUF file (llama or gemma3 architecture) into a Hugging Face-style model directory.
+
+Every tensor type the `gguf` package dequantizes converts (F32, F16, BF16, Q4_0 .. Q8_0, the
+K-quants Q2_K .. Q6_K, IQ4_NL/IQ4_XS and the other i-quants); the weights are written as bf16.
+"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from gguf import GGUFReader
 from safetensors.torch import save_file
 from tqdm import tqdm
 
 from shrike.convert.gguf_metadata import GGUFMetadata
+from shrike.convert.gguf_reader import FastGGUFReader
+from shrike.convert.gemma3_gguf import convert_gemma3_tensors, gemma3_config
 from shrike.convert.gguf_tokenizer import tokenizer_config, tokenizer_json
-from shrike.convert.llama_config import check_architecture, generation_config, llama_config
+from shrike.convert.llama_config import generation_config, llama_config
 from shrike.convert.llama_weights import convert_tensors
 
 # Part of every cache key: bump it whenever the files convert_gguf writes would change for the same input
-CONVERTER_VERSION = 1
+CONVERTER_VERSION = 2
+
+# general.architecture -> (config.json builder, tensor converter)
+ARCHITECTURES = {
+    "llama": (llama_config, convert_tensors),
+    "gemma3": (gemma3_config, convert_gemma3_tensors),
+}
+
+
+def check_architecture(meta: GGUFMetadata) -> None:
+    if meta.architecture not in ARCHITECTURES:
+        raise ValueError(
+            f"GGUF architecture {meta.architecture!r} is not supported; Shrike converts 'llama' (Llama, Mistral, "
+            "SmolLM and others llama.cpp stores as 'llama') and 'gemma3' (Gemma 3 text models)"
+        )
 
 
 def convert_gguf(src: Path, dst: Path, progress: bool = True) -> None:
     """Write config.json, model.safetensors (bf16), tokenizer files and generation_config.json into dst."""
     src, dst = Path(src), Path(dst)
     try:
-        reader = GGUFReader(src)
+        reader = FastGGUFReader(src)
     except (ValueError, OSError) as error:
         raise ValueError(f"{src} is not a readable GGUF file: {error}") from error
     meta = GGUFMetadata(reader)
@@ -30,16 +49,17 @@ def convert_gguf(src: Path, dst: Path, progress: bool = True) -> None:
 
     tensor_names = {tensor.name for tensor in reader.tensors}
     if "token_embd.weight" not in tensor_names:
-        raise ValueError(f"{src} has no token_embd.weight tensor, so it is not a usable Llama model")
+        raise ValueError(f"{src} has no token_embd.weight tensor, so it is not a usable language model")
     embedding = next(tensor for tensor in reader.tensors if tensor.name == "token_embd.weight")
     vocab_size = int(embedding.shape[1])  # GGUF shape is [hidden, vocab]
-    config = llama_config(meta, vocab_size=vocab_size, has_output_weight="output.weight" in tensor_names)
+    build_config, convert_weights = ARCHITECTURES[meta.architecture]
+    config = build_config(meta, vocab_size=vocab_size, has_output_weight="output.weight" in tensor_names)
 
     tokenizer_text = tokenizer_json(meta)
     tokenizer_settings = tokenizer_config(meta, tokenizer_text, model_max_length=config["max_position_embeddings"])
 
     tensors = tqdm(reader.tensors, desc=f"Converting {src.name}", unit="tensor", disable=not progress)
-    weights = convert_tensors(tensors, config)
+    weights = convert_weights(tensors, config)
 
     dst.mkdir(parents=True, exist_ok=True)
     save_file(weights, dst / "model.safetensors", metadata={"format": "pt"})

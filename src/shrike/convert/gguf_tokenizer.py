@@ -5,7 +5,9 @@ from __future__ import annotations
 from gguf import Keys, TokenType
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
 
+from shrike.convert.chat_templates import default_chat_template
 from shrike.convert.gguf_metadata import GGUFMetadata
+from shrike.convert.gguf_sentencepiece import sentencepiece_bpe, sentencepiece_post_processor
 
 
 def _gpt2_pre_tokenizer() -> pre_tokenizers.PreTokenizer:
@@ -30,19 +32,28 @@ _PRE_TOKENIZERS = {
 }
 
 
+# tokenizer.ggml.model values that convert
+SUPPORTED_TOKENIZER_MODELS = "'gpt2' (byte-level BPE) and 'llama' (SentencePiece with byte fallback)"
+
+
 def tokenizer_json(meta: GGUFMetadata) -> str:
     embedded = meta.get(Keys.Tokenizer.HF_JSON)
     if embedded is not None:
         return embedded
-    return _byte_level_bpe(meta).to_str(pretty=True)
+    kind = meta.require(Keys.Tokenizer.MODEL)
+    if kind == "gpt2":
+        return _byte_level_bpe(meta).to_str(pretty=True)
+    if kind == "llama":
+        tokenizer = sentencepiece_bpe(meta)
+        tokens = meta.require(Keys.Tokenizer.LIST)
+        prefix, suffix = _added_special_tokens(meta, tokens)
+        if prefix or suffix:
+            tokenizer.post_processor = sentencepiece_post_processor(prefix, suffix, tokens)
+        return tokenizer.to_str()  # not pretty: a 256k-piece vocabulary has a million merges
+    raise ValueError(f"GGUF tokenizer model {kind!r} is not supported; supported: {SUPPORTED_TOKENIZER_MODELS}")
 
 
 def _byte_level_bpe(meta: GGUFMetadata) -> Tokenizer:
-    kind = meta.require(Keys.Tokenizer.MODEL)
-    if kind != "gpt2":
-        raise ValueError(
-            f"GGUF tokenizer model {kind!r} is not supported; only byte-level BPE vocabularies ('gpt2') convert"
-        )
     pre = meta.get(Keys.Tokenizer.PRE, "default")
     if pre not in _PRE_TOKENIZERS:
         raise ValueError(
@@ -126,7 +137,8 @@ def tokenizer_config(meta: GGUFMetadata, tokenizer_file_text: str, model_max_len
 
 def _chat_template(meta: GGUFMetadata) -> str | list[dict] | None:
     """The default template, or transformers' list-of-named-templates form when the file has several."""
-    default = meta.get(Keys.Tokenizer.CHAT_TEMPLATE)
+    # Some GGUF files (e.g. of base models) carry no template; the architecture's own format then serves.
+    default = meta.get(Keys.Tokenizer.CHAT_TEMPLATE) or default_chat_template(meta.architecture)
     named_prefix = Keys.Tokenizer.CHAT_TEMPLATE_N.format(name="")
     named = {key.removeprefix(named_prefix): meta.get(key) for key in meta.keys_with_prefix(named_prefix)}
     if not named:

@@ -2,21 +2,9 @@
 
 from __future__ import annotations
 
-from gguf import Keys
+from gguf import Keys, TokenType
 
 from shrike.convert.gguf_metadata import GGUFMetadata, float32_value
-
-SUPPORTED_ARCHITECTURES = ("llama",)
-
-
-def check_architecture(meta: GGUFMetadata) -> None:
-    if meta.architecture not in SUPPORTED_ARCHITECTURES:
-        raise ValueError(
-            f"GGUF architecture {meta.architecture!r} is not supported; "
-            f"Shrike converts only {', '.join(SUPPORTED_ARCHITECTURES)} models "
-            "(Llama, Mistral, SmolLM and others that llama.cpp stores as 'llama')"
-        )
-
 
 def llama_config(meta: GGUFMetadata, vocab_size: int, has_output_weight: bool) -> dict:
     hidden_size = meta.require(meta.arch_key(Keys.LLM.EMBEDDING_LENGTH))
@@ -45,7 +33,7 @@ def llama_config(meta: GGUFMetadata, vocab_size: int, has_output_weight: bool) -
         "rms_norm_eps": float32_value(meta.require(meta.arch_key(Keys.Attention.LAYERNORM_RMS_EPS))),
         # 10000 is llama.cpp's default when a file omits the base frequency
         "rope_theta": float32_value(meta.get(meta.arch_key(Keys.Rope.FREQ_BASE), 10000.0)),
-        "rope_scaling": _rope_scaling(meta),
+        "rope_scaling": rope_scaling_config(meta),
         "max_position_embeddings": meta.require(meta.arch_key(Keys.LLM.CONTEXT_LENGTH)),
         "vocab_size": vocab_size,
         "tie_word_embeddings": not has_output_weight,
@@ -60,7 +48,7 @@ def llama_config(meta: GGUFMetadata, vocab_size: int, has_output_weight: bool) -
     return config
 
 
-def _rope_scaling(meta: GGUFMetadata) -> dict | None:
+def rope_scaling_config(meta: GGUFMetadata) -> dict | None:
     scaling_type = meta.get(meta.arch_key(Keys.Rope.SCALING_TYPE), "none")
     if scaling_type == "none":
         return None
@@ -70,6 +58,10 @@ def _rope_scaling(meta: GGUFMetadata) -> dict | None:
     raise ValueError(f"RoPE scaling {scaling_type!r} is not supported; only 'linear' scaling converts")
 
 
+# End-of-turn control tokens llama.cpp recognises by their text when a file names no EOT token
+_END_OF_TURN_TEXTS = ("<end_of_turn>", "<|eot_id|>", "<|im_end|>", "<|end|>")
+
+
 def generation_config(meta: GGUFMetadata) -> dict:
     """Generation stops at any of EOS, end-of-turn and end-of-message, as llama.cpp does."""
     stop_ids: list[int] = []
@@ -77,6 +69,8 @@ def generation_config(meta: GGUFMetadata) -> dict:
         token_id = meta.get(key)
         if token_id is not None and token_id not in stop_ids:
             stop_ids.append(token_id)
+    if Keys.Tokenizer.EOT_ID not in meta:
+        stop_ids += [token_id for token_id in _end_of_turn_ids(meta) if token_id not in stop_ids]
     config: dict = {}
     if Keys.Tokenizer.BOS_ID in meta:
         config["bos_token_id"] = meta.get(Keys.Tokenizer.BOS_ID)
@@ -85,3 +79,10 @@ def generation_config(meta: GGUFMetadata) -> dict:
     if Keys.Tokenizer.PAD_ID in meta:
         config["pad_token_id"] = meta.get(Keys.Tokenizer.PAD_ID)
     return config
+
+
+def _end_of_turn_ids(meta: GGUFMetadata) -> list[int]:
+    tokens = meta.get(Keys.Tokenizer.LIST, [])
+    types = meta.get(Keys.Tokenizer.TOKEN_TYPE, [])
+    wanted = set(_END_OF_TURN_TEXTS)
+    return [i for i, (text, kind) in enumerate(zip(tokens, types)) if kind == TokenType.CONTROL and text in wanted]

@@ -7,7 +7,8 @@ from collections.abc import Iterable
 
 import numpy as np
 import torch
-from gguf import ReaderTensor
+from gguf import GGMLQuantizationType, ReaderTensor
+from gguf import quants as gguf_quants
 from gguf.quants import dequantize
 
 _GLOBAL_NAMES = {
@@ -83,8 +84,18 @@ def undo_rope_permutation(weight: np.ndarray, num_heads: int) -> np.ndarray:
     return interleaved.swapaxes(1, 2).reshape(rows, cols)
 
 
+def readable_tensor_types() -> list[str]:
+    """GGML tensor types the `gguf` package dequantizes (F32, F16 and every type with a dequantizer)."""
+    readable = {GGMLQuantizationType.F32, GGMLQuantizationType.F16, *gguf_quants._type_traits}
+    return [t.name for t in GGMLQuantizationType if t in readable]
+
+
 def dequantized(tensor: ReaderTensor) -> np.ndarray:
-    values = dequantize(tensor.data, tensor.tensor_type)
+    try:
+        values = dequantize(tensor.data, tensor.tensor_type)
+    except NotImplementedError:
+        raise ValueError(f"GGUF tensor {tensor.name!r} has type {tensor.tensor_type.name}, which Shrike cannot "
+                         f"read; supported types: {', '.join(readable_tensor_types())}") from None
     # GGUF lists dimensions innermost first; numpy/torch want outermost first
     return np.array(values, dtype=np.float32).reshape(tuple(int(d) for d in reversed(tensor.shape)))
 

@@ -51,35 +51,48 @@ def read_cache(cache: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype) -> 
     return (kv_int8.dequantize(rows) if cache.dtype == torch.int8 else rows).to(dtype)
 
 
+def visible_keys(q_len: int, context: int, sliding_window: int = 0) -> tuple[int, torch.Tensor]:
+    """(first key position any query sees, (q_len, context - first) bool mask of what each sees).
+
+    Query j sits at position context - q_len + j and sees keys up to it, and with a sliding window
+    W > 0 only the last W of them. Keys before the first are never read (their blocks may be reused)."""
+    first = max(0, context - q_len - sliding_window + 1) if sliding_window > 0 else 0
+    q_pos = torch.arange(context - q_len, context)[:, None]
+    keys = torch.arange(first, context)[None, :]
+    mask = keys <= q_pos
+    return first, (mask & (keys > q_pos - sliding_window) if sliding_window > 0 else mask)
+
+
 def _sequence_slots(block_table: list[int], block_size: int, length: int) -> torch.Tensor:
     blocks = torch.tensor(block_table, dtype=torch.int64)
     offsets = torch.arange(block_size, dtype=torch.int64)
     return (blocks[:, None] * block_size + offsets[None, :]).reshape(-1)[:length]  # (length,)
 
 
-def paged_attention(q: torch.Tensor, cache: KVCache, ctx: BatchContext, scale: float) -> torch.Tensor:
-    """q: (T, heads, head_dim) -> (T, heads, head_dim). The new tokens' K/V are already in `cache`."""
+def paged_attention(q: torch.Tensor, cache: KVCache, ctx: BatchContext, scale: float,
+                    sliding_window: int = 0) -> torch.Tensor:
+    """q: (T, heads, head_dim) -> (T, heads, head_dim). The new tokens' K/V are already in `cache`.
+    sliding_window W > 0: each query sees only its last W positions."""
     if q.dtype in _KERNEL_DTYPES and cache.key.dtype in _KERNEL_CACHE_DTYPES:
         q = q.contiguous()
         out = torch.empty_like(q)
         block_tables, query_start, context_lens = ctx.kernel_args
         _C.paged_attention(q, cache.key, cache.value, block_tables, query_start, context_lens, ctx.block_size,
-                           scale, out)
+                           scale, out, sliding_window)
         return out
-    return paged_attention_reference(q, cache, ctx, scale)
+    return paged_attention_reference(q, cache, ctx, scale, sliding_window)
 
 
-def paged_attention_reference(q: torch.Tensor, cache: KVCache, ctx: BatchContext, scale: float) -> torch.Tensor:
+def paged_attention_reference(q: torch.Tensor, cache: KVCache, ctx: BatchContext, scale: float,
+                              sliding_window: int = 0) -> torch.Tensor:
     """PyTorch version of `paged_attention`, for tests and for what the kernel does not take."""
     out = torch.empty_like(q)
     start = 0
     for q_len, ctx_len, table in zip(ctx.query_lens, ctx.context_lens, ctx.block_tables):
-        slots = _sequence_slots(table, ctx.block_size, ctx_len)
-        k, v = (t.transpose(0, 1) for t in cache.read(slots, q.dtype))  # (kv_heads, ctx_len, head_dim)
+        first, mask = visible_keys(q_len, ctx_len, sliding_window)  # mask: (q_len, keys)
+        slots = _sequence_slots(table, ctx.block_size, ctx_len)[first:]
+        k, v = (t.transpose(0, 1) for t in cache.read(slots, q.dtype))  # (kv_heads, keys, head_dim)
         qs = q[start:start + q_len].transpose(0, 1)  # (heads, q_len, head_dim)
-        # Query j sits at position ctx_len - q_len + j and sees keys up to that position.
-        q_pos = torch.arange(ctx_len - q_len, ctx_len)[:, None]
-        mask = torch.arange(ctx_len)[None, :] <= q_pos  # (q_len, ctx_len)
         o = F.scaled_dot_product_attention(qs, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
         out[start:start + q_len] = o.transpose(0, 1)
         start += q_len

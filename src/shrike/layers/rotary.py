@@ -1,4 +1,4 @@
-"""Rotary position embeddings, with llama3 and longrope frequency scaling."""
+"""Rotary position embeddings, with linear, llama3 and longrope frequency scaling."""
 from __future__ import annotations
 
 import math
@@ -42,6 +42,8 @@ class RotaryEmbedding:
         self.long_threshold: int | None = None
         if kind == "llama3":
             inv_freq = _llama3_inv_freq(inv_freq, scaling)
+        elif kind == "linear":  # positions divided by the factor
+            inv_freq = inv_freq / float(scaling["factor"])
         positions = torch.arange(max_positions, dtype=torch.float32)
         if kind == "longrope":
             original = scaling.get("original_max_position_embeddings") or config.raw.get(

@@ -1,0 +1,140 @@
+"""config.json and Gemma3ForCausalLM tensors for a gemma3-architecture GGUF file.
+
+llama.cpp stores Gemma's norm weights with the +1 of Gemma's RMSNorm already added (its norm
+multiplies by the weight alone) and leaves q/k rows in Hugging Face order, so conversion
+subtracts 1 from every norm weight and permutes nothing. The file does not record the pattern
+of sliding-window layers, the local RoPE base or the query scale; llama.cpp fixes them for
+Gemma 3 (every 6th layer global, base 10000, 1/sqrt(head_dim) except 27B's 1/sqrt(hidden/heads)),
+and so does this.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+import torch
+from gguf import Keys, ReaderTensor
+
+from shrike.convert.gguf_metadata import GGUFMetadata, float32_value
+from shrike.convert.llama_config import rope_scaling_config
+from shrike.convert.llama_weights import dequantized
+
+_SLIDING_WINDOW_PATTERN = 6
+_LOCAL_ROPE_BASE = 10000.0
+_LAYERS_OF_27B = 62  # the one size whose query scale is not 1/sqrt(head_dim)
+
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.weight")
+
+
+def gemma3_config(meta: GGUFMetadata, vocab_size: int, has_output_weight: bool) -> dict:
+    key = meta.arch_key
+    hidden = meta.require(key(Keys.LLM.EMBEDDING_LENGTH))
+    heads = meta.require(key(Keys.Attention.HEAD_COUNT))
+    layers = meta.require(key(Keys.LLM.BLOCK_COUNT))
+    head_dim = meta.get(key(Keys.Attention.KEY_LENGTH), hidden // heads)
+    if meta.get(key(Keys.Attention.VALUE_LENGTH), head_dim) != head_dim:
+        raise ValueError("the GGUF's key and value head sizes differ; Gemma 3 needs them equal")
+    config = {
+        "architectures": ["Gemma3ForCausalLM"],
+        "model_type": "gemma3_text",
+        "hidden_activation": "gelu_pytorch_tanh",
+        "hidden_size": hidden,
+        "intermediate_size": meta.require(key(Keys.LLM.FEED_FORWARD_LENGTH)),
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": meta.get(key(Keys.Attention.HEAD_COUNT_KV), heads),
+        "head_dim": head_dim,
+        "rms_norm_eps": float32_value(meta.require(key(Keys.Attention.LAYERNORM_RMS_EPS))),
+        "rope_theta": float32_value(meta.get(key(Keys.Rope.FREQ_BASE), 1000000.0)),
+        "rope_local_base_freq": _LOCAL_ROPE_BASE,
+        "rope_scaling": rope_scaling_config(meta),
+        "sliding_window": meta.require(key(Keys.Attention.SLIDING_WINDOW)),
+        "layer_types": ["full_attention" if (i + 1) % _SLIDING_WINDOW_PATTERN == 0 else "sliding_attention"
+                        for i in range(layers)],
+        "query_pre_attn_scalar": hidden // heads if layers == _LAYERS_OF_27B else head_dim,
+        "final_logit_softcapping": meta.get(key(Keys.LLM.FINAL_LOGIT_SOFTCAPPING)),
+        "attn_logit_softcapping": meta.get(key(Keys.LLM.ATTN_LOGIT_SOFTCAPPING)),
+        "max_position_embeddings": meta.require(key(Keys.LLM.CONTEXT_LENGTH)),
+        "vocab_size": vocab_size,
+        "tie_word_embeddings": not has_output_weight,
+        "attention_bias": False,
+        "torch_dtype": "bfloat16",
+    }
+    for name, token_key in (("bos_token_id", Keys.Tokenizer.BOS_ID), ("eos_token_id", Keys.Tokenizer.EOS_ID),
+                            ("pad_token_id", Keys.Tokenizer.PAD_ID)):
+        if token_key in meta:
+            config[name] = meta.get(token_key)
+    return config
+
+
+def _hf_name(gguf_name: str) -> str:
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    match = _LAYER_TENSOR.fullmatch(gguf_name)
+    if match and match.group(2) in _LAYER_NAMES:
+        return f"model.layers.{match.group(1)}.{_LAYER_NAMES[match.group(2)]}.weight"
+    raise ValueError(
+        f"GGUF tensor {gguf_name!r} has no place in a Gemma 3 text model; supported tensors are "
+        f"{', '.join(_GLOBAL_NAMES)} and blk.N.{{{','.join(_LAYER_NAMES)}}}.weight"
+    )
+
+
+def _expected_shapes(config: dict) -> dict[str, tuple[int, ...]]:
+    hidden, ffn, head_dim = config["hidden_size"], config["intermediate_size"], config["head_dim"]
+    q_rows, kv_rows = config["num_attention_heads"] * head_dim, config["num_key_value_heads"] * head_dim
+    shapes = {"model.embed_tokens.weight": (config["vocab_size"], hidden), "model.norm.weight": (hidden,)}
+    if not config["tie_word_embeddings"]:
+        shapes["lm_head.weight"] = (config["vocab_size"], hidden)
+    per_layer = {
+        "input_layernorm": (hidden,), "post_attention_layernorm": (hidden,),
+        "pre_feedforward_layernorm": (hidden,), "post_feedforward_layernorm": (hidden,),
+        "self_attn.q_proj": (q_rows, hidden), "self_attn.k_proj": (kv_rows, hidden),
+        "self_attn.v_proj": (kv_rows, hidden), "self_attn.o_proj": (hidden, q_rows),
+        "self_attn.q_norm": (head_dim,), "self_attn.k_norm": (head_dim,),
+        "mlp.gate_proj": (ffn, hidden), "mlp.up_proj": (ffn, hidden), "mlp.down_proj": (hidden, ffn),
+    }
+    for layer in range(config["num_hidden_layers"]):
+        for module, shape in per_layer.items():
+            shapes[f"model.layers.{layer}.{module}.weight"] = shape
+    return shapes
+
+
+def convert_gemma3_tensors(tensors: Iterable[ReaderTensor], config: dict) -> dict[str, torch.Tensor]:
+    shapes = _expected_shapes(config)
+    converted: dict[str, torch.Tensor] = {}
+    for tensor in tensors:
+        name = _hf_name(tensor.name)
+        if name not in shapes:
+            raise ValueError(f"GGUF tensor {tensor.name!r} does not fit the model described by the file's metadata")
+        weight = torch.from_numpy(dequantized(tensor))
+        if tuple(weight.shape) != shapes[name]:
+            raise ValueError(f"GGUF tensor {tensor.name!r} has shape {list(weight.shape)} but the metadata implies "
+                             f"{list(shapes[name])}; the file is inconsistent or not a Gemma 3 model")
+        if name.endswith("norm.weight"):
+            weight = weight - 1.0  # back to Hugging Face's (1 + weight) convention
+        converted[name] = weight.to(torch.bfloat16)
+    missing = sorted(set(shapes) - set(converted))
+    if missing:
+        raise ValueError(f"the GGUF file lacks {len(missing)} tensors a Gemma 3 model needs, e.g. {missing[:3]}")
+    return converted
