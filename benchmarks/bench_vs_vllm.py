@@ -54,7 +54,7 @@ def client_command(vllm_bin: Path, server: RunningServer, tokenizer_dir: Path, a
             "--endpoint", "/v1/completions", "--model", SERVED_NAME, "--tokenizer", str(tokenizer_dir),
             "--dataset-name", "random", "--random-input-len", str(args.input_len),
             "--random-output-len", str(args.output_len), "--num-prompts", str(args.num_prompts),
-            "--max-concurrency", str(args.concurrency), "--ignore-eos", "--seed", str(seed),
+            "--max-concurrency", str(args.concurrency), "--ignore-eos", "--seed", str(seed), "--num-warmups", "2",
             "--save-result", "--result-dir", str(result_path.parent), "--result-filename", result_path.name,
             "--disable-tqdm"]
 
