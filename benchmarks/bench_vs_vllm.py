@@ -55,6 +55,7 @@ def client_command(vllm_bin: Path, server: RunningServer, tokenizer_dir: Path, a
             "--dataset-name", "random", "--random-input-len", str(args.input_len),
             "--random-output-len", str(args.output_len), "--num-prompts", str(args.num_prompts),
             "--max-concurrency", str(args.concurrency), "--ignore-eos", "--seed", str(seed), "--num-warmups", "2",
+            "--temperature", "0",
             "--save-result", "--result-dir", str(result_path.parent), "--result-filename", result_path.name,
             "--disable-tqdm"]
 
@@ -184,13 +185,21 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
     setups: list[EngineSetup] = [shrike_setup(shrike_model, checkpoint_kind(shrike_model), args.threads),
                                  vllm_setup(peers, args.model, args.threads)]
     started = datetime.now(timezone.utc)
-    servers = []
+    servers, ready_s = [], {}
     for setup in setups:  # one at a time: each start is timed alone
         server = RunningServer(setup, free_port(), log_dir / f"{setup.engine}.log")
         servers.append(server)
-        ready = asyncio.run(_ready(server))
-        print(f"{setup.label} ready after {ready:.1f} s", flush=True)
+        ready_s[setup.label] = round(asyncio.run(_ready(server)), 1)
+        print(f"{setup.label} ready after {ready_s[setup.label]:.1f} s", flush=True)
     runs: dict[str, list[dict]] = {s.setup.label: [] for s in servers}
+    results = {"model": str(args.model), "shrike_model": str(shrike_model), "threads": args.threads,
+               "workload": {"input_len": args.input_len, "output_len": args.output_len,
+                            "num_prompts": args.num_prompts, "concurrency": args.concurrency, "runs": args.runs},
+               "command": [sys.argv[0], *(argv if argv is not None else sys.argv[1:])],
+               "started_utc": started.isoformat(timespec="seconds"), "machine": machine_facts(),
+               "server_logs": str(log_dir), "start_to_ready_s": ready_s}
+    json_path = args.out or RESULTS_DIR / f"vs-vllm-{args.model.name.split('.')[0].lower()}-{started:%Y%m%d-%H%M}.json"
+    json_path.parent.mkdir(parents=True, exist_ok=True)
     for index in range(args.runs):
         seed = 1000 + index
         order = servers if index % 2 == 0 else servers[::-1]
@@ -202,22 +211,20 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
             print(f"run {index + 1}/{args.runs} {server.setup.label}: median TTFT {run_result['median_ttft_ms']:.0f} ms, "
                   f"TPOT {run_result['median_tpot_ms']:.1f} ms, {run_result['completed']} completed, "
                   f"others {quiet:.2f}->{run_result['other_processes_cores_during']:.2f} cores", flush=True)
-    results = {"model": str(args.model), "shrike_model": str(shrike_model), "threads": args.threads,
-               "workload": {"input_len": args.input_len, "output_len": args.output_len,
-                            "num_prompts": args.num_prompts, "concurrency": args.concurrency, "runs": args.runs},
-               "command": [sys.argv[0], *(argv if argv is not None else sys.argv[1:])],
-               "started_utc": started.isoformat(timespec="seconds"), "machine": machine_facts(),
-               "server_logs": str(log_dir),
-               "engines": {label: summarize(label_runs) for label, label_runs in runs.items()}}
-    shrike_label, vllm_label = servers[0].setup.label, servers[1].setup.label
-    results["shrike_over_vllm_median_ttft"] = (results["engines"][shrike_label]["median_ttft_ms"]
-                                               / results["engines"][vllm_label]["median_ttft_ms"])
-    json_path = args.out or RESULTS_DIR / f"vs-vllm-{args.model.name.split('.')[0].lower()}-{started:%Y%m%d-%H%M}.json"
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps(results, indent=1))
+            # After every run, so a run cut short keeps what it measured
+            write_results(results, runs, servers, json_path)
     print_table(results)
     print(f"wrote {json_path}")
     return 0
+
+
+def write_results(results: dict, runs: dict[str, list[dict]], servers: list[RunningServer], json_path: Path) -> None:
+    results["engines"] = {label: summarize(label_runs) for label, label_runs in runs.items() if label_runs}
+    shrike_label, vllm_label = servers[0].setup.label, servers[1].setup.label
+    if shrike_label in results["engines"] and vllm_label in results["engines"]:
+        results["shrike_over_vllm_median_ttft"] = (results["engines"][shrike_label]["median_ttft_ms"]
+                                                   / results["engines"][vllm_label]["median_ttft_ms"])
+    json_path.write_text(json.dumps(results, indent=1))
 
 
 async def _ready(server: RunningServer) -> float:
