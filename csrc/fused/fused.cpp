@@ -1,5 +1,6 @@
 // Portable on purpose: these loops move a few KB per token and the compiler vectorises them;
-// what fusing saves is Python dispatch and extra passes, not arithmetic.
+// what fusing saves is Python dispatch and extra passes, not arithmetic. The exception is
+// silu*up, whose expf per element does not vectorise: silu_mul_avx512vnni.cpp.
 #include "fused/fused.h"
 
 #include <cmath>
@@ -9,6 +10,7 @@
 
 #include "attention/kv_int8.h"
 #include "common/bf16.h"
+#include "common/isa.h"
 #include "norm/rmsnorm.h"
 
 namespace shrike {
@@ -117,6 +119,9 @@ void embedding(const int64_t* token_ids, int64_t tokens, const void* table, int6
 }
 
 void silu_mul(const void* gate_up, void* out, int64_t rows, int64_t width, DType dtype) {
+#if defined(SHRIKE_X86)
+  if (isa_at_least(Isa::avx512vnni)) return avx512vnni::silu_mul(gate_up, out, rows, width, dtype);
+#endif
   if (dtype == DType::f32)
     silu_mul_typed(static_cast<const float*>(gate_up), static_cast<float*>(out), rows, width);
   else

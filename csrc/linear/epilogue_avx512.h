@@ -52,5 +52,33 @@ inline void store_row(void* out, DType dt, int64_t offset, __m512 y, int valid) 
   _mm256_mask_storeu_epi16(static_cast<uint16_t*>(out) + offset, mask, _mm512_cvtepi32_epi16(rounded));
 }
 
+// The lane type of tile_walk_x86.h: two adjacent tiles per zmm. 32 registers hold 8 rows x 2
+// vectors of accumulators in prefill; decode rows take 8 tiles to hide the vpdpbusd latency.
+struct ZmmLanes {
+  using I = __m512i;
+  using F = __m512;
+  static constexpr int kTiles = 2, kLanes = 16;
+  static constexpr int kDecodeTiles = 8, kPrefillRows = 8, kPrefillTiles = 4;
+  static I load(const uint8_t* const* w, int64_t offset) { return load_pair(w[0], w[1], offset); }
+  static I load_i16(const uint8_t* const* w, int64_t offset) { return load_pair_i16(w[0], w[1], offset); }
+  static void dpbusd(I& acc, I u, const int8_t* q) { dpbusd_broadcast(acc, u, q); }
+  static I low4(I v) { return _mm512_and_si512(v, _mm512_set1_epi8(0x0f)); }
+  static I high4(I v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0f)); }
+  static I flip(I v) { return _mm512_xor_si512(v, _mm512_set1_epi8(static_cast<char>(0x80))); }
+  static I splat(int32_t v) { return _mm512_set1_epi32(v); }
+  static F splat(float v) { return _mm512_set1_ps(v); }
+  static F as_float(I v) { return _mm512_castsi512_ps(v); }
+  static F to_float(I v) { return _mm512_cvtepi32_ps(v); }
+  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static F fnmadd(F a, F b, F c) { return _mm512_fnmadd_ps(a, b, c); }
+  static F load_acc(const float* p) { return _mm512_load_ps(p); }
+  static void store_acc(float* p, F v) { _mm512_store_ps(p, v); }
+  static F load_bias(const float* bias, int64_t col, int valid) { return avx512vnni::load_bias(bias, col, valid); }
+  static void store_row(void* out, DType dt, int64_t offset, F y, int valid) {
+    avx512vnni::store_row(out, dt, offset, y, valid);
+  }
+};
+
 }  // namespace
 }  // namespace shrike::avx512vnni

@@ -37,5 +37,30 @@ inline svbool_t valid_columns(int64_t n, int64_t t, int64_t h, int64_t per_pass)
   return svwhilelt_b32(first, end);
 }
 
+// svmmla operands for a pass (see columns_per_pass): K steps a and b of R columns x 4 K each,
+// zipped per 32-bit element into (column, 8 K) rows, two columns per 128-bit segment; `first`
+// holds columns 0..R/2-1 of the pass, `second` the rest.
+inline void mmla_columns(svint8_t a, svint8_t b, svint8_t& first, svint8_t& second) {
+  svint32_t a32 = svreinterpret_s32_s8(a), b32 = svreinterpret_s32_s8(b);
+  first = svreinterpret_s8_s32(svzip1_s32(a32, b32));
+  second = svreinterpret_s8_s32(svzip2_s32(a32, b32));
+}
+
+// 8 K of row a then 8 K of row b, in every 128-bit segment: svmmla's (2 rows, 8 K) operand.
+// Loads of 8 bytes only: a row's last K step must not read past its end.
+inline svint8_t mmla_rows(const int8_t* a, const int8_t* b) {
+  const svbool_t eight = svwhilelt_b8(int64_t{0}, int64_t{8});
+  return svreinterpret_s8_s64(
+      svtrn1_s64(svreinterpret_s64_s8(svld1rq_s8(eight, a)), svreinterpret_s64_s8(svld1rq_s8(eight, b))));
+}
+
+// svmmla results of `first` and `second` (segments [a c, a c+1, b c, b c+1]) back in column
+// order: row a's sums, then row b's.
+inline void mmla_rows_out(svint32_t first, svint32_t second, svint32_t& row_a, svint32_t& row_b) {
+  svint64_t f = svreinterpret_s64_s32(first), s = svreinterpret_s64_s32(second);
+  row_a = svreinterpret_s32_s64(svuzp1_s64(f, s));
+  row_b = svreinterpret_s32_s64(svuzp2_s64(f, s));
+}
+
 }  // namespace
 }  // namespace shrike::sve2

@@ -73,28 +73,7 @@ void w4a8_tiles(const W4A8Problem& p, int64_t tile_begin, int64_t tile_end) {
         for (int r = 0; r < rows; ++r)
           for (int j = 0; j < 2; ++j) _mm512_store_ps(acc[r][j], _mm512_setzero_ps());
         for (int64_t g = 0; g < groups; ++g) {
-          _tile_zero(0);
-          _tile_zero(1);
-          _tile_zero(2);
-          _tile_zero(3);
-          for (int64_t k0 = g * p.group; k0 < (g + 1) * p.group; k0 += 64) {
-            _tile_loadd(4, a0 + k0 * 16, 64);
-            _tile_loadd(6, b0 + k0 * 16, 64);
-            _tile_dpbssd(0, 4, 6);
-            if (pairs == 2) {
-              _tile_loadd(7, b1 + k0 * 16, 64);
-              _tile_dpbssd(1, 4, 7);
-            }
-            if (two_row_tiles) {
-              _tile_loadd(5, a1 + k0 * 16, 64);
-              _tile_dpbssd(2, 5, 6);
-              if (pairs == 2) _tile_dpbssd(3, 5, 7);
-            }
-          }
-          _tile_stored(0, sums[0], 64);
-          _tile_stored(1, sums[1], 64);
-          _tile_stored(2, sums[2], 64);
-          _tile_stored(3, sums[3], 64);
+          multiply_block(a0, a1, b0, b1, g * p.group, (g + 1) * p.group, two_row_tiles, pairs == 2, sums);
           for (int j = 0; j < pairs; ++j) {
             __m512 group_scale = _mm512_loadu_ps(scale.data() + (j * groups + g) * 16);
             __m512 group_wsum = _mm512_loadu_ps(wsum.data() + (j * groups + g) * 16);
@@ -109,9 +88,8 @@ void w4a8_tiles(const W4A8Problem& p, int64_t tile_begin, int64_t tile_end) {
           }
         }
         for (int j = 0; j < pairs; ++j) {
-          int64_t col = (t + 2 * j) * kTileRows;
-          int64_t in_block = (tiles - 2 * j < 2 ? tiles - 2 * j : 2) * kTileRows;
-          int valid = static_cast<int>(p.n - col < in_block ? p.n - col : in_block);
+          int64_t col;
+          int valid = pair_columns(p.n, t, tiles, j, col);
           __m512 bias = load_bias(p.bias, col, valid);
           for (int r = 0; r < rows; ++r) {
             __m512 y = _mm512_fmadd_ps(_mm512_load_ps(acc[r][j]), _mm512_set1_ps(p.x_scale[i0 + r]), bias);
@@ -122,16 +100,7 @@ void w4a8_tiles(const W4A8Problem& p, int64_t tile_begin, int64_t tile_end) {
     }
     _tile_release();
   }
-  if (full_rows < p.m) {
-    W4A8Problem rest = p;
-    rest.q += full_rows * p.k;
-    rest.x_scale += full_rows;
-    rest.x_zero += full_rows;
-    rest.x_group_sum += full_rows * groups;
-    rest.out = static_cast<char*>(p.out) + full_rows * p.n * (p.out_dtype == DType::f32 ? 4 : 2);
-    rest.m = p.m - full_rows;
-    avx512vnni::w4a8_tiles(rest, tile_begin, tile_end);
-  }
+  if (full_rows < p.m) avx512vnni::w4a8_tiles(rows_from(p, full_rows), tile_begin, tile_end);
 }
 
 }  // namespace shrike::amx

@@ -55,33 +55,11 @@ void w8a8_tiles(const W8A8Problem& p, int64_t tile_begin, int64_t tile_end) {
         const bool two_row_tiles = full_rows - i0 >= 32;
         const int8_t* a0 = p.q_tiles + i0 * p.k;  // activation tiles of rows i0.. and i0 + 16..
         const int8_t* a1 = a0 + 16 * p.k;
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
-        for (int64_t k0 = 0; k0 < p.k; k0 += 64) {
-          _tile_loadd(4, a0 + k0 * 16, 64);
-          _tile_loadd(6, b0 + k0 * 16, 64);
-          _tile_dpbssd(0, 4, 6);
-          if (pairs == 2) {
-            _tile_loadd(7, b1 + k0 * 16, 64);
-            _tile_dpbssd(1, 4, 7);
-          }
-          if (two_row_tiles) {
-            _tile_loadd(5, a1 + k0 * 16, 64);
-            _tile_dpbssd(2, 5, 6);
-            if (pairs == 2) _tile_dpbssd(3, 5, 7);
-          }
-        }
-        _tile_stored(0, sums[0], 64);
-        _tile_stored(1, sums[1], 64);
-        _tile_stored(2, sums[2], 64);
-        _tile_stored(3, sums[3], 64);
+        multiply_block(a0, a1, b0, b1, 0, p.k, two_row_tiles, pairs == 2, sums);
         for (int j = 0; j < pairs; ++j) {
           __m512 scale = _mm512_castsi512_ps(load_pair(first[j], second[j], kTileRows * p.k));
-          int64_t col = (t + 2 * j) * kTileRows;
-          int64_t in_block = (tiles - 2 * j < 2 ? tiles - 2 * j : 2) * kTileRows;
-          int valid = static_cast<int>(p.n - col < in_block ? p.n - col : in_block);
+          int64_t col;
+          int valid = pair_columns(p.n, t, tiles, j, col);
           __m512 bias = load_bias(p.bias, col, valid);
           for (int r = 0; r < (two_row_tiles ? 32 : 16); ++r) {
             int64_t i = i0 + r;
@@ -95,15 +73,7 @@ void w8a8_tiles(const W8A8Problem& p, int64_t tile_begin, int64_t tile_end) {
     }
     _tile_release();
   }
-  if (full_rows < p.m) {
-    W8A8Problem rest = p;
-    rest.q += full_rows * p.k;
-    rest.x_scale += full_rows;
-    rest.x_sum += full_rows;
-    rest.out = static_cast<char*>(p.out) + full_rows * p.n * (p.out_dtype == DType::f32 ? 4 : 2);
-    rest.m = p.m - full_rows;
-    avx512vnni::w8a8_tiles(rest, tile_begin, tile_end);
-  }
+  if (full_rows < p.m) avx512vnni::w8a8_tiles(rows_from(p, full_rows), tile_begin, tile_end);
 }
 
 }  // namespace shrike::amx

@@ -145,14 +145,13 @@ void over_rows(int64_t rows, RowFn row) {
 }
 }  // namespace
 
-// normed_ = rmsnorm(residual (+= delta_ when add)), quantized row by row for `consumer`.
+// normed_ = rmsnorm(residual (+= delta_ when add)), quantized row by row for a quantized `consumer`.
+// Spread over the pool for dense consumers too: on one thread a bf16 prefill's norms and silu*up
+// kept the other threads spinning.
 void ForwardPlan::norm_for(const Linear& consumer, const void* weight, int64_t tokens, bool add) {
   const Shape& s = shape;
   const size_t row_bytes = s.hidden * element_bytes(s.act_dtype);
-  if (consumer.kind == LinearKind::dense) {
-    if (add) return add_rmsnorm(delta_.data(), residual_.data(), weight, normed_.data(), tokens, s.hidden, s.eps, s.act_dtype);
-    return rmsnorm(residual_.data(), weight, normed_.data(), tokens, s.hidden, s.eps, s.act_dtype);
-  }
+  const bool quantized = consumer.kind != LinearKind::dense;
   over_rows(tokens, [&](int64_t t) {
     uint8_t* residual = residual_.data() + t * row_bytes;
     uint8_t* normed = normed_.data() + t * row_bytes;
@@ -160,19 +159,19 @@ void ForwardPlan::norm_for(const Linear& consumer, const void* weight, int64_t t
       add_rmsnorm(delta_.data() + t * row_bytes, residual, weight, normed, 1, s.hidden, s.eps, s.act_dtype);
     else
       rmsnorm(residual, weight, normed, 1, s.hidden, s.eps, s.act_dtype);
-    quantize_row(consumer, normed, t);
+    if (quantized) quantize_row(consumer, normed, t);
   });
 }
 
-// act_ = silu(gate) * up, quantized row by row for `consumer`.
+// act_ = silu(gate) * up, quantized row by row for a quantized `consumer`.
 void ForwardPlan::silu_mul_for(const Linear& consumer, int64_t tokens) {
   const Shape& s = shape;
-  if (consumer.kind == LinearKind::dense) return silu_mul(gate_up_.data(), act_.data(), tokens, s.intermediate, s.act_dtype);
   const size_t e = element_bytes(s.act_dtype);
+  const bool quantized = consumer.kind != LinearKind::dense;
   over_rows(tokens, [&](int64_t t) {
     uint8_t* act = act_.data() + t * s.intermediate * e;
     silu_mul(gate_up_.data() + t * 2 * s.intermediate * e, act, 1, s.intermediate, s.act_dtype);
-    quantize_row(consumer, act, t);
+    if (quantized) quantize_row(consumer, act, t);
   });
 }
 
@@ -194,13 +193,13 @@ void ForwardPlan::run_layer(const Layer& L, int64_t tokens, bool first) {
   const Shape& s = shape;
   const DType dt = s.act_dtype;
   const int64_t d = s.head_dim, qkv_width = (s.num_heads + 2 * s.num_kv_heads) * d;
+  const size_t e = element_bytes(dt);
   norm_for(L.qkv, L.input_norm, tokens, !first);
   consume(L.qkv, normed_.data(), tokens, qkv_.data());
 
   const void* rope_input = qkv_.data();
   if (L.q_norm) {  // Qwen3: q and k heads RMS-normalised before RoPE
     qk_normed_.resize(qkv_.size());
-    const size_t e = element_bytes(dt);
     for (int64_t t = 0; t < tokens; ++t) {
       const uint8_t* row = qkv_.data() + t * qkv_width * e;
       uint8_t* out = qk_normed_.data() + t * qkv_width * e;
@@ -211,9 +210,13 @@ void ForwardPlan::run_layer(const Layer& L, int64_t tokens, bool first) {
     }
     rope_input = qk_normed_.data();
   }
-  RopeKvArgs rope_args{rope_input, cos_.data(), sin_.data(), slots_.data(), q_.data(), L.key_cache, L.value_cache,
-                       tokens, s.num_heads, s.num_kv_heads, d, dt, s.cache_dtype};
-  rope_write_kv(rope_args);
+  // One token per call, spread over the pool: each token writes only its own q row and cache slots.
+  over_rows(tokens, [&](int64_t t) {
+    RopeKvArgs one{static_cast<const uint8_t*>(rope_input) + t * qkv_width * e, cos_.data() + t * d,
+                   sin_.data() + t * d, slots_.data() + t, q_.data() + t * s.num_heads * d * e, L.key_cache,
+                   L.value_cache, 1, s.num_heads, s.num_kv_heads, d, dt, s.cache_dtype};
+    rope_write_kv(one);
+  });
 
   PagedAttentionArgs a{};
   a.q = q_.data();

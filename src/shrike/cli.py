@@ -95,16 +95,18 @@ def build_parser() -> argparse.ArgumentParser:
                                        description="Write a random-weight checkpoint for benchmarks and tests."))
     add_eval_ppl_arguments(sub.add_parser("eval-ppl", help="perplexity of a model on a text file",
                                           description="Perplexity over non-overlapping chunks of --context tokens."))
-    bench = sub.add_parser("bench", help="run a benchmark: kernels, reference, serving, soak or long-context (pass --help after the suite name)",
-                           description="Benchmarks from benchmarks/: `shrike bench kernels ...`, `shrike bench serving ...`, "
-                                       "`shrike bench soak ...`.")
+    bench = sub.add_parser("bench", help="run a benchmark (pass --help after the suite name): "
+                           + ", ".join(sorted(BENCHMARKS)),
+                           description="Benchmarks from benchmarks/ (see benchmarks/README.md): "
+                                       "`shrike bench SUITE --help` for a suite's own options.")
     bench.add_argument("suite", choices=sorted(BENCHMARKS))
     bench.add_argument("bench_args", nargs=argparse.REMAINDER, help="arguments for the benchmark itself")
     return parser
 
 
 BENCHMARKS = {"kernels": "bench_kernels", "serving": "bench_serving", "reference": "bench_reference", "soak": "soak",
-              "spec": "bench_spec", "long-context": "bench_long_context", "gguf-import": "bench_gguf_import"}
+              "spec": "bench_spec", "long-context": "bench_long_context", "gguf-import": "bench_gguf_import",
+              "vllm": "bench_vs_vllm"}
 
 
 def _bench(args: argparse.Namespace) -> int:
