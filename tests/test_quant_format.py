@@ -48,17 +48,42 @@ def test_plan_matches_targets_and_ignore():
 
 
 @pytest.mark.parametrize("config, named", [
-    (_config({**W4, "symmetric": False}), "asymmetric"),
     (_config({**W4, "group_size": 16}), "group_size 16"),
-    (_config({"num_bits": 8, "type": "float", "strategy": "channel", "symmetric": True}), "float weights"),
+    (_config({**W4, "num_bits": 3}), "3-bit weights"),
+    (_config({**W4, "dynamic": True}), "dynamic weight quantization"),
+    (_config({"num_bits": 8, "type": "float", "strategy": "channel", "symmetric": True}), "float weights in format"),
+    (_config({"num_bits": 4, "type": "float", "strategy": "group", "group_size": 16}, format="float-quantized"),
+     "4-bit float weights"),
     (_config(W4, {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True}), "input activations"),
+    (_config(W4, {"num_bits": 4, "type": "int", "strategy": "token", "dynamic": True}), "input activations"),
     (_config(W4, quant_method="awq"), "quant_method 'awq'"),
     (_config(W4, format="marlin-24"), "format 'marlin-24'"),
+    (_config(W4, kv_cache_scheme={"num_bits": 8, "type": "float"}), "quantized KV cache"),
 ])
 def test_unsupported_schemes_name_what_is_supported(config, named):
     with pytest.raises(ConfigError, match=named) as err:
         QuantizationPlan(config)
-    assert "int-quantized or pack-quantized" in str(err.value) and "group of 128, 64 or 32" in str(err.value)
+    message = str(err.value)
+    assert "\n" not in message
+    assert "pack-quantized or int-quantized" in message and "W4A16" in message and "FP8" in message
+
+
+@pytest.mark.parametrize("weights, acts, fmt, name", [
+    ({**W4, "group_size": 64}, None, "pack-quantized", "w4a16-g64"),
+    ({**W4, "symmetric": False}, None, "pack-quantized", "w4a16-g128-asym"),
+    ({**W4, "group_size": 256, "actorder": "group"}, None, "int-quantized", "w4a16-g256"),
+    ({"num_bits": 8, "type": "int", "strategy": "channel", "symmetric": True}, None, "pack-quantized", "w8a16"),
+    ({"num_bits": 8, "type": "int", "strategy": "tensor", "symmetric": True}, None, "int-quantized", "w8a16"),
+    ({**W4, "symmetric": False}, {"num_bits": 8, "type": "int", "strategy": "token", "dynamic": True},
+     "pack-quantized", "w4a8-g128-asym"),
+    ({"num_bits": 8, "type": "float", "strategy": "channel", "symmetric": True},
+     {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True}, "float-quantized", "fp8"),
+])
+def test_supported_schemes_parse(weights, acts, fmt, name):
+    config = _config(weights, format=fmt)
+    config["config_groups"]["group_0"]["input_activations"] = acts
+    layer = QuantizationPlan(config).layer("model.layers.0.mlp.down_proj")
+    assert layer.name == name and layer.weight_only == (acts is None)
 
 
 @pytest.mark.parametrize("name", ["w4a8-g32", "w8a8"])

@@ -102,6 +102,8 @@ void ForwardPlan::linear(const Linear& l, const void* x, int64_t rows, void* out
       return w8a8_linear(x, xt, rows, l.k, static_cast<const uint8_t*>(l.weight), l.n, l.bias, out, out_dtype);
     case LinearKind::dense:
       return dense_linear(x, xt, rows, l.k, l.weight, l.weight_dtype, l.n, l.bias, out, out_dtype);
+    case LinearKind::weight_only:
+      return weight_only_linear(x, xt, rows, l.weight_only, l.bias, out, out_dtype);
   }
 }
 
@@ -129,6 +131,9 @@ void ForwardPlan::consume(const Linear& l, const void* x, int64_t rows, void* ou
 }
 
 namespace {
+// Whether `l` takes int8 activations that its producer quantizes (the others take the float rows).
+bool quantizes_input(const Linear& l) { return l.kind == LinearKind::w4a8 || l.kind == LinearKind::w8a8; }
+
 // Rows per task when a prefill's per-row work (norm or silu*up, then quantization) is spread over
 // the pool; each row writes only its own outputs, so the split does not change a bit.
 constexpr int64_t kRowsPerTask = 8;
@@ -149,7 +154,7 @@ void over_rows(int64_t rows, RowFn row) {
 void ForwardPlan::norm_for(const Linear& consumer, const void* weight, int64_t tokens, bool add) {
   const Shape& s = shape;
   const size_t row_bytes = s.hidden * element_bytes(s.act_dtype);
-  if (consumer.kind == LinearKind::dense) {
+  if (!quantizes_input(consumer)) {
     if (add) return add_rmsnorm(delta_.data(), residual_.data(), weight, normed_.data(), tokens, s.hidden, s.eps, s.act_dtype);
     return rmsnorm(residual_.data(), weight, normed_.data(), tokens, s.hidden, s.eps, s.act_dtype);
   }
@@ -167,7 +172,7 @@ void ForwardPlan::norm_for(const Linear& consumer, const void* weight, int64_t t
 // act_ = silu(gate) * up, quantized row by row for `consumer`.
 void ForwardPlan::silu_mul_for(const Linear& consumer, int64_t tokens) {
   const Shape& s = shape;
-  if (consumer.kind == LinearKind::dense) return silu_mul(gate_up_.data(), act_.data(), tokens, s.intermediate, s.act_dtype);
+  if (!quantizes_input(consumer)) return silu_mul(gate_up_.data(), act_.data(), tokens, s.intermediate, s.act_dtype);
   const size_t e = element_bytes(s.act_dtype);
   over_rows(tokens, [&](int64_t t) {
     uint8_t* act = act_.data() + t * s.intermediate * e;

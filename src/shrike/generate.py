@@ -22,7 +22,8 @@ def run_generate(args: argparse.Namespace) -> int:
     engine = LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, max_model_len=args.max_model_len,
                                     chat_template=args.chat_template, kv_cache_space_gib=args.kv_cache_space,
                                     cpu_threads=args.cpu_threads, cpu_bind=args.cpu_bind, max_num_seqs=1,
-                                    kernel_backend=args.kernel_backend, lm_head_quant=args.lm_head_quant))
+                                    kernel_backend=args.kernel_backend, lm_head_quant=args.lm_head_quant,
+        activation_quant=args.activation_quant))
     tok = engine.tokenizer
     if args.chat:
         messages = ([{"role": "system", "content": args.system}] if args.system else [])

@@ -62,7 +62,8 @@ def build_server_context(args: argparse.Namespace, tool_parser_class: type | Non
         max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_space_gib=args.kv_cache_space,
         chat_template=args.chat_template, cpu_threads=args.cpu_threads, cpu_bind=args.cpu_bind,
         enable_prefix_caching=args.enable_prefix_caching, kv_cache_dtype=args.kv_cache_dtype,
-        kernel_backend=args.kernel_backend, lm_head_quant=args.lm_head_quant))
+        kernel_backend=args.kernel_backend, lm_head_quant=args.lm_head_quant,
+        activation_quant=args.activation_quant))
     defaults = SamplingDefaults.for_model(engine.model_dir, args.generation_config)
     names = args.served_model_name or [args.model or DEFAULT_GGUF_FILE.split(".")[0]]
     metrics = ServerMetrics(names[0], lambda: async_engine.load)
