@@ -1,6 +1,7 @@
 """Checkpoint formats side by side on SmolLM2-135M: decode tokens/s and perplexity on two texts.
 
-    python benchmarks/bench_formats.py [--out benchmarks/results/formats-smollm2-135m.md] [--rounds 5]
+    python benchmarks/bench_formats.py [--out benchmarks/results/formats-smollm2-135m.md] [--rounds 3]
+                                       [--lock /work/wt/bench.lock]
 
 Checkpoints: bf16 (the default model); W4A16 g64 symmetric and asymmetric, W8A16 per channel and
 FP8-dynamic, all quantized and compressed by the `compressed-tensors` library itself (min-max
@@ -10,11 +11,14 @@ nearest). Weight-only checkpoints also run with `--activation-quant int8`.
 Perplexity: tests/data/public_domain_english.txt and tests/data/calibration_bill_of_rights.txt,
 non-overlapping 512-token chunks (shrike.eval_ppl). Decode: batch 1, 128 generated tokens after a
 16-token prompt on the compiled forward; the rate is (128 - 1) tokens over the time after the first
-token; every model runs once per round, the rounds interleaved, the median reported.
+token; every model runs once per round, the rounds interleaved, the median reported. With --lock,
+only the timed part holds that file's lock (flock), so a shared machine runs one benchmark at a time.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import platform
 import statistics
 import subprocess
@@ -51,8 +55,8 @@ def library_checkpoint(src: Path, dst: Path, preset: str, fmt: str, group_size: 
     from safetensors.torch import save_file
 
     scheme = preset_name_to_scheme(preset, ["Linear"])
-    if group_size:
-        scheme.weights.group_size = group_size
+    scheme.weights.group_size = group_size
+    scheme.weights.strategy = "group" if group_size else "channel"  # the W8A16 preset is per group of 128
     compressor = BaseCompressor.load_from_registry(fmt)
     source = CheckpointFiles(src)
     prefixes = set(linear_prefixes(ModelConfig.from_dir(src)))
@@ -109,27 +113,46 @@ def decode_seconds(engine: LLMEngine, prompt: list[int], tokens: int) -> float:
     return time.perf_counter() - start
 
 
+@contextlib.contextmanager
+def _locked(path: Path | None):
+    if path is None:
+        yield
+        return
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "formats-smollm2-135m.md")
-    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--lock", type=Path, default=None, help="hold this file's flock while timing")
     args = p.parse_args()
     src = default_model_dir()
     with tempfile.TemporaryDirectory() as tmp:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # the library's quantizer: many small tensors, faster on one thread
         checkpoints = build_checkpoints(src, Path(tmp))
+        torch.set_num_threads(threads)
         ppl = {name: perplexities(path, act) for name, (path, act) in checkpoints.items()}
+        print({name: {t: round(v, 3) for t, v in p.items()} for name, p in ppl.items()}, flush=True)
         engines = {name: LLMEngine(EngineConfig(model=str(path), activation_quant=act, max_model_len=512,
                                                 kv_cache_space_gib=0.05, max_num_seqs=1, progress=False))
                    for name, (path, act) in checkpoints.items()}
         prompt = engines["bf16"].tokenizer.encode("The history of the printing press begins")[:16]
         rates: dict[str, list[float]] = {name: [] for name in engines}
-        for name, engine in engines.items():  # warm-up
-            decode_seconds(engine, prompt, 8)
-        for _ in range(args.rounds):
-            for name, engine in engines.items():
-                first = decode_seconds(engine, prompt, 1)
-                total = decode_seconds(engine, prompt, DECODE_TOKENS)
-                rates[name].append((DECODE_TOKENS - 1) / (total - first))
+        with _locked(args.lock):
+            for name, engine in engines.items():  # warm-up
+                decode_seconds(engine, prompt, 8)
+            for _ in range(args.rounds):
+                for name, engine in engines.items():
+                    first = decode_seconds(engine, prompt, 1)
+                    total = decode_seconds(engine, prompt, DECODE_TOKENS)
+                    rates[name].append((DECODE_TOKENS - 1) / (total - first))
     bf16_rate = statistics.median(rates["bf16"])
     rows = ["| checkpoint | decode tok/s (median) | vs bf16 | ppl declaration | ppl bill of rights |",
             "|---|---|---|---|---|"]
@@ -144,7 +167,8 @@ def main() -> None:
         f"`python benchmarks/bench_formats.py`, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
         f"{cpu.split(':', 1)[-1].strip() or platform.processor()}, kernel variant {_C.active_isa()}, "
         f"{torch.get_num_threads()} torch threads; decode batch 1, {DECODE_TOKENS} tokens, median of "
-        f"{args.rounds} interleaved rounds; perplexity with {CONTEXT}-token chunks.",
+        f"{args.rounds} interleaved rounds; perplexity with {CONTEXT}-token chunks. Timed on a shared machine "
+        "(other jobs running): compare the ratios, not the absolute rates.",
         "",
         *rows,
         ""])

@@ -1,5 +1,6 @@
 """compressed-tensors format: config parsing, int4 packing, and compatibility both ways with the real library."""
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from shrike.errors import ConfigError
 from shrike.eval_ppl import sequence_logits
 from shrike.model.config import ModelConfig
 from shrike.model.loader import load_model
-from shrike.quantization.compressed_tensors_format import QuantizationPlan, pack_int4, unpack_int4
+from shrike.quantization.compressed_tensors_format import QuantizationPlan, pack_int4, unpack_int, unpack_int4
 from shrike.quantization.quantize_checkpoint import linear_prefixes, quantize_checkpoint
 from shrike.quantization.quantizer import dequantize, quantize_weight
 from shrike.quantization.safetensors_io import CheckpointFiles
@@ -112,7 +113,8 @@ def dense_tiny(tmp_path_factory):
     return path
 
 
-@pytest.mark.parametrize("name, fmt", [("w4a8-g128", "pack-quantized"), ("w8a8", "int-quantized")])
+@pytest.mark.parametrize("name, fmt", [("w4a8-g128", "pack-quantized"), ("w8a8", "int-quantized"),
+                                       ("w4a16-g32", "int-quantized"), ("w8a16", "pack-quantized")])
 def test_library_decompresses_what_we_write(dense_tiny, tmp_path, name, fmt):
     dst = tmp_path / name
     quantize_checkpoint(dense_tiny, dst, SCHEMES[name], fmt, progress=False)
@@ -123,7 +125,8 @@ def test_library_decompresses_what_we_write(dense_tiny, tmp_path, name, fmt):
     for prefix in linear_prefixes(ModelConfig.from_dir(dst)):
         stored = {n.rsplit(".", 1)[1]: ours.read(n) for n in ours.names() if n.startswith(prefix + ".")}
         weight = compressor.decompress(stored, scheme)["weight"]  # (N, K) bf16
-        values = stored["weight"] if fmt == "int-quantized" else unpack_int4(stored["weight_packed"], weight.shape[1])
+        values = stored["weight"] if fmt == "int-quantized" else \
+            unpack_int(stored["weight_packed"], SCHEMES[name].weight_bits, weight.shape[1])
         assert torch.equal(weight, dequantize(values, stored["weight_scale"]).to(weight.dtype))
         dense = source.read(f"{prefix}.weight").float()
         assert (weight.float() - dense).abs().max() <= stored["weight_scale"].float().max()
@@ -177,3 +180,40 @@ def test_we_load_what_the_library_writes(dense_tiny, tmp_path, monkeypatch, pres
     logits = sequence_logits(kernel.model, ids)
     assert torch.isfinite(logits).all()
     assert torch.equal(logits, sequence_logits(reference.model, ids))
+
+
+@pytest.mark.parametrize("scheme", ["w4a8-g32", "w8a8", "w4a16-g64", "w8a16"])
+@pytest.mark.parametrize("fmt", [None, "pack-quantized", "int-quantized"])
+def test_quantize_command_every_scheme_and_format(dense_tiny, tmp_path, monkeypatch, capsys, scheme, fmt):
+    """`shrike quantize` picks the format from the scheme (int4 packed, int8 one per byte); both formats work for all."""
+    from shrike.cli import main
+    monkeypatch.setenv("SHRIKE_CACHE_DIR", str(tmp_path / "cache"))
+    dst = tmp_path / "out"
+    assert main(["quantize", str(dense_tiny), str(dst), "--scheme", scheme, *(["--format", fmt] if fmt else [])]) == 0
+    qc = json.loads((dst / "config.json").read_text())["quantization_config"]
+    expected = fmt or ("pack-quantized" if scheme.startswith("w4") else "int-quantized")
+    assert qc["format"] == expected
+    assert (qc["config_groups"]["group_0"]["input_activations"] is None) == ("a16" in scheme)
+    layer = load_model(str(dst), progress=False).model.layers[0]
+    assert layer.qkv_proj.format == ("weight_only" if "a16" in scheme else scheme.split("-")[0])
+
+
+def test_quantize_weight_only_with_calibration_and_clip_search(dense_tiny, tmp_path):
+    """Weight-only schemes use the calibration text for the clipping search only (no smoothing: activations
+    are not quantized), so the weights stay a rounding of the originals."""
+    dst = tmp_path / "w4a16"
+    text = Path(__file__).parent / "data" / "calibration_bill_of_rights.txt"
+    quantize_checkpoint(dense_tiny, dst, SCHEMES["w4a16-g32"], clip_search=True, calibration_text=text.read_text(),
+                        progress=False)
+    ours, source = CheckpointFiles(dst), CheckpointFiles(dense_tiny)
+    prefix = "model.layers.0.mlp.down_proj"
+    weight = dequantize(unpack_int4(ours.read(f"{prefix}.weight_packed"), 768), ours.read(f"{prefix}.weight_scale"))
+    step = ours.read(f"{prefix}.weight_scale").float().repeat_interleave(32, dim=1)
+    assert ((weight - source.read(f"{prefix}.weight").float()).abs() <= 9 * step).all()  # no smoothing factors
+
+
+def test_quantize_errors_are_one_line(dense_tiny, tmp_path, capsys):
+    from shrike.cli import main
+    assert main(["quantize", str(dense_tiny), str(tmp_path / "a"), "--scheme", "w4a16-g64", "--ignore"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "quantizing lm_head is not supported; keep lm_head in --ignore" in err
