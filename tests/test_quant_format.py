@@ -6,7 +6,7 @@ import pytest
 import torch
 from compressed_tensors.compressors import BaseCompressor
 from compressed_tensors.compressors.model_compressors import ModelCompressor
-from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
+from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32, unpack_from_int32
 from compressed_tensors.quantization import QuantizationConfig
 from compressed_tensors.quantization.quant_scheme import preset_name_to_scheme
 from compressed_tensors.quantization.utils.helpers import calculate_qparams
@@ -217,3 +217,18 @@ def test_quantize_errors_are_one_line(dense_tiny, tmp_path, capsys):
     assert main(["quantize", str(dense_tiny), str(tmp_path / "a"), "--scheme", "w4a16-g64", "--ignore"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "quantizing lm_head is not supported; keep lm_head in --ignore" in err
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_packed_zero_points_are_the_library_layout(bits):
+    """pack-quantized stores asymmetric zero points packed along the output dimension (N = 20: a partial word)."""
+    scheme = preset_name_to_scheme("W4A16_ASYM", ["Linear"])
+    scheme.weights.num_bits, scheme.weights.group_size = bits, 32
+    weight = torch.randn(20, 64, generator=torch.Generator().manual_seed(bits)).bfloat16()
+    grouped = weight.float().reshape(20, -1, 32)
+    scale, zero = calculate_qparams(grouped.amin(-1), grouped.amax(-1), scheme.weights)
+    compressed = BaseCompressor.load_from_registry("pack-quantized").compress(
+        {"weight": weight, "weight_scale": scale.bfloat16(), "weight_zero_point": zero}, scheme)
+    assert torch.equal(unpack_int(compressed["weight_zero_point"].t(), bits, 20).t(), zero.to(torch.int8))
+    assert torch.equal(unpack_int(compressed["weight_packed"], bits, 64),
+                       unpack_from_int32(compressed["weight_packed"], bits, torch.Size([20, 64])))
