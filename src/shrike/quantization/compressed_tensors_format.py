@@ -12,7 +12,7 @@ import torch
 
 from shrike.errors import ConfigError
 from shrike.quantization.safetensors_io import DTYPES_BY_CODE, CheckpointFiles, TensorSpec
-from shrike.quantization.schemes import SUPPORTED_SCHEMES_TEXT, W4A8_GROUP_SIZES, QuantScheme
+from shrike.quantization.schemes import W4A8_GROUP_SIZES, QuantScheme
 
 QUANT_METHOD = "compressed-tensors"
 # naive-quantized is the older name of int-quantized: integers stored one per int8 (or fp8 values).
@@ -160,7 +160,7 @@ def pack_int4(values: torch.Tensor) -> torch.Tensor:
     Two elements per byte, low nibble first, and bytes viewed as little-endian int32 words
     (the byte order of every CPU Shrike runs on) give exactly that bit layout.
     """
-    n, k = values.shape
+    k = values.shape[1]
     nibbles = torch.nn.functional.pad((values + 8).to(torch.uint8), (0, -k % 8))  # (N, K8) uint8 in [0, 15]
     return (nibbles[:, 0::2] | (nibbles[:, 1::2] << 4)).view(torch.int32)
 

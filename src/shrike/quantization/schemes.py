@@ -36,8 +36,6 @@ class QuantScheme:
 
 SCHEMES = {s.name: s for only in (False, True)
            for s in [QuantScheme(4, g, only) for g in W4A8_GROUP_SIZES] + [QuantScheme(8, None, only)]}
-SUPPORTED_SCHEMES_TEXT = ("symmetric int4 weights per group of 128, 64 or 32 with dynamic int8 activations (W4A8), "
-                          "or symmetric int8 weights per output channel with dynamic per-token int8 activations (W8A8)")
 
 
 def scheme_from_name(name: str) -> QuantScheme:
