@@ -21,6 +21,8 @@ Block weight_only_kernel() {
 #if defined(SHRIKE_X86)
   if (isa_at_least(Isa::avx512vnni)) return avx512vnni::weight_only_block;
   if (isa_at_least(Isa::avx2)) return avx2::weight_only_block;
+#elif defined(SHRIKE_AARCH64)
+  if (isa_at_least(Isa::dotprod)) return dotprod::weight_only_block;
 #endif
   return ref::weight_only_block;
 }

@@ -32,6 +32,7 @@ struct WeightOnlyProblem {
 namespace ref { SHRIKE_DECLARE_WEIGHT_ONLY_BLOCK }
 namespace avx2 { SHRIKE_DECLARE_WEIGHT_ONLY_BLOCK }
 namespace avx512vnni { SHRIKE_DECLARE_WEIGHT_ONLY_BLOCK }
+namespace dotprod { SHRIKE_DECLARE_WEIGHT_ONLY_BLOCK }
 
 #undef SHRIKE_DECLARE_WEIGHT_ONLY_BLOCK
 
