@@ -67,8 +67,9 @@ def write_library_checkpoint(src: Path, dst: Path, preset: str, fmt: str, group_
 
     group_size None: one scale per output channel (the library's W8A16 preset is per group of 128)."""
     scheme = preset_name_to_scheme(preset, ["Linear"])
+    per_tensor = scheme.weights.strategy == "tensor"  # FP8 (static): one weight scale per tensor
     scheme.weights.group_size = group_size
-    scheme.weights.strategy = "group" if group_size else "channel"
+    scheme.weights.strategy = "group" if group_size else "tensor" if per_tensor else "channel"
     compressor = BaseCompressor.load_from_registry(fmt)
     source = CheckpointFiles(src)
     prefixes = set(linear_prefixes(ModelConfig.from_dir(src)))
@@ -85,8 +86,10 @@ def write_library_checkpoint(src: Path, dst: Path, preset: str, fmt: str, group_
         n, k = tensor.shape
         perm = perms.setdefault(k, torch.randperm(k, generator=gen)) if act_order else torch.arange(k)
         weight = tensor[:, perm]  # (N, K), act order: the columns in the order they are quantized
-        grouped = weight.float().reshape(n, -1, group_size or k)
+        grouped = weight.float().reshape(1, 1, -1) if per_tensor else weight.float().reshape(n, -1, group_size or k)
         scale, zero = calculate_qparams(grouped.amin(-1), grouped.amax(-1), scheme.weights)
+        if per_tensor:
+            scale, zero = scale.reshape(1), zero.reshape(1)
         compressed = compressor.compress({"weight": weight, "weight_scale": scale.bfloat16(),
                                           "weight_zero_point": zero}, scheme)
         decompressed = compressor.decompress(compressed, scheme)["weight"]  # (N, K) bf16
@@ -124,6 +127,7 @@ CHECKPOINTS = {  # name: (preset, format, group size, act order)
     "w8a16-g64": ("W8A16", "pack-quantized", 64, False),
     "w8a16-int": ("W8A16", "int-quantized", None, False),
     "fp8-dynamic": ("FP8_DYNAMIC", "float-quantized", None, False),
+    "fp8-static": ("FP8", "float-quantized", None, False),
 }
 
 
@@ -165,7 +169,8 @@ def prompt_ids(default_model_dir):
 
 # name: (minimum per-position cosine similarity, minimum top-1 agreement) against the library's decompression.
 TOLERANCE = {"w4a16-g64": (0.999, 0.97), "w4a16-g32-asym": (0.999, 0.97), "w4a16-g64-actorder": (0.999, 0.97),
-             "w8a16-g64": (0.9999, 0.99), "w8a16-int": (0.9999, 0.99), "fp8-dynamic": (0.99, 0.9)}
+             "w8a16-g64": (0.9999, 0.99), "w8a16-int": (0.9999, 0.99), "fp8-dynamic": (0.99, 0.9),
+             "fp8-static": (0.99, 0.9)}
 
 
 @pytest.mark.parametrize("name", list(CHECKPOINTS))
