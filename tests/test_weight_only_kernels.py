@@ -1,7 +1,7 @@
 """The weight-only linear op (W4A16 / W8A16, csrc/weight_only/): every compiled variant against dense_linear
 on the dequantized float32 weight, bit for bit; act-order permutations; batch invariance; the torch reference.
 
-Tolerance: none. The kernel dequantizes with one exact fma per weight (bf16 scales, integers below 2^9)
+Tolerance: none. The kernel dequantizes with one exact fma per weight (bf16/fp16 scales, integers below 2^9)
 and then follows dense_linear's reduction order, so its result must equal dense_linear's scalar
 reference on the float32 weight `WeightOnlyWeight.dequantize()` exactly, in every variant.
 """
@@ -26,11 +26,12 @@ def restore_isa():
     _C.set_isa(before)
 
 
-def weight(n: int, k: int, bits: int, group: int, asym: bool, act_order: bool, seed: int) -> WeightOnlyWeight:
+def weight(n: int, k: int, bits: int, group: int, asym: bool, act_order: bool, seed: int,
+           scale_dtype: torch.dtype = torch.bfloat16) -> WeightOnlyWeight:
     gen = torch.Generator().manual_seed(seed)
     half = 1 << (bits - 1)
     values = torch.randint(-half, half, (n, k), dtype=torch.int8, generator=gen)
-    scale = (torch.rand(n, k // group, generator=gen) * 0.02 + 0.001).bfloat16()
+    scale = (torch.rand(n, k // group, generator=gen) * 0.02 + 0.001).to(scale_dtype)
     zero = torch.randint(-half, half, (n, k // group), dtype=torch.int8, generator=gen) if asym else None
     perm = torch.randperm(k, generator=gen) if act_order else None
     return WeightOnlyWeight.from_int8(values, scale, zero, bits, group, perm)
@@ -57,7 +58,8 @@ def dense_on_dequantized(x: torch.Tensor, w: WeightOnlyWeight, bias, out_dtype) 
 def test_variants_equal_dense_on_the_dequantized_weight(isa, bits):
     for i, (m, n, k) in enumerate(SHAPES):
         group = (32, 64, k)[i % 3] if k % 64 == 0 else 32
-        w = weight(n, k, bits, group, asym=i % 2 == 1, act_order=i % 3 == 2, seed=i)
+        w = weight(n, k, bits, group, asym=i % 2 == 1, act_order=i % 3 == 2, seed=i,
+                   scale_dtype=(torch.bfloat16, torch.float16)[i % 4 // 2])
         gen = torch.Generator().manual_seed(100 + i)
         bias = torch.randn(n, generator=gen) if i % 2 else None
         for x_dtype in (torch.bfloat16, torch.float32):
