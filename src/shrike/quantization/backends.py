@@ -20,14 +20,16 @@ KERNEL_BACKENDS = ("auto", "reference")  # auto: the compiled kernel core
 ACTIVATION_QUANT = ("none", "int8")
 
 
-def op_format(stored_layer, activation_quant: str) -> str:
-    """"weight_only", "w4a8" or "w8a8": the linear op a layer runs on."""
-    if stored_layer.weight_only and activation_quant == "none":
+def _runs_weight_only(stored: StoredLinear, activation_quant: str) -> bool:
+    return stored.layer.weight_only and activation_quant == "none"
+
+
+def format_of(weight) -> str:
+    """"weight_only", "w4a8" or "w8a8": the linear op that runs a built weight of either backend."""
+    from shrike import kernels
+    if isinstance(weight, (kernels.WeightOnlyWeight, ref.ReferenceWeightOnlyWeight)):
         return "weight_only"
-    scheme = stored_layer.scheme
-    if scheme is not None:
-        return "w8a8" if scheme.weight_bits == 8 else "w4a8"
-    return "w4a8" if stored_layer.weight_type == "int" and stored_layer.bits == 4 else "w8a8"
+    return "w4a8" if isinstance(weight, (kernels.W4A8Weight, ref.ReferenceW4A8Weight)) else "w8a8"
 
 
 def _weight_only_parts(stored: StoredLinear):
@@ -62,7 +64,7 @@ class KernelCoreBackend:
 
     def build(self, stored: StoredLinear, activation_quant: str = "none"):
         k = self.kernels
-        if op_format(stored.layer, activation_quant) == "weight_only":
+        if _runs_weight_only(stored, activation_quant):
             g = _weight_only_parts(stored)
             return k.WeightOnlyWeight.from_int8(g.values, g.scale, g.zero, g.bits, g.group_size, g.perm)
         scheme = stored.scheme
@@ -94,7 +96,7 @@ class ReferenceBackend:
         self._requantized = _Requantized()
 
     def build(self, stored: StoredLinear, activation_quant: str = "none"):
-        if op_format(stored.layer, activation_quant) == "weight_only":
+        if _runs_weight_only(stored, activation_quant):
             g = _weight_only_parts(stored)
             return ref.ReferenceWeightOnlyWeight.build(g.values, g.scale, g.zero, g.bits, g.group_size, g.perm)
         scheme, values, scale, requantized = int8_kernel_weights(stored)

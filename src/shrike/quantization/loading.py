@@ -11,7 +11,7 @@ from shrike.errors import ConfigError
 from shrike.layers.linear import DenseLinear
 from shrike.model.config import ModelConfig
 from shrike.model.weights import CheckpointTensors
-from shrike.quantization.backends import op_format, select_backend
+from shrike.quantization.backends import format_of, select_backend
 from shrike.quantization.compressed_tensors_format import QuantizationPlan, read_stored_linear
 from shrike.quantization.repack_cache import RepackCache
 from shrike.quantization.safetensors_io import CheckpointFiles
@@ -82,10 +82,9 @@ class QuantizedLinearFactory:
                               "quantize them with the same scheme or list all of them in ignore")
         biases = torch.cat([tensors.get(f"{p}.bias", (n,), torch.float32) for p, n in zip(prefixes, out_features)]) \
             if bias else None
-        format = op_format(layers[0], self.activation_quant)
-        kernel = getattr(self.ops, f"{format}_linear")
-        return QuantizedLinear(self._weight(prefixes, layers[0], in_features, out_features), biases, kernel, format,
-                               sum(out_features))
+        weight = self._weight(prefixes, layers[0], in_features, out_features)
+        format = format_of(weight)
+        return QuantizedLinear(weight, biases, getattr(self.ops, f"{format}_linear"), format, sum(out_features))
 
     def _weight(self, prefixes, layer, in_features, out_features):
         name = prefixes[0]

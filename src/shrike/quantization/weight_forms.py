@@ -79,29 +79,26 @@ def int8_kernel_weights(stored: StoredLinear) -> tuple[QuantScheme, torch.Tensor
 
     Symmetric int4 per group of 32/64/128 and int8 per channel go as they are; int4 per channel is
     the same weight with its scale repeated per group. Anything else (zero points, act order, int8
-    per group, other group sizes, fp8) is dequantized and rounded to the nearest symmetric value
-    again, which adds up to half a step of error per weight.
+    per group, other group sizes, fp8) is dequantized and rounded to int8 per output channel: a
+    step of absmax/127 on top of the checkpoint's own rounding. (Re-rounding asymmetric int4 onto a
+    symmetric int4 grid instead would add up to a whole int4 step and multiply SmolLM2's perplexity.)
     """
     layer, k = stored.layer, stored.in_features
     if layer.weight_type == "float":
         values, scale = fp8_to_int8(stored)
         return QuantScheme(8, None), values, scale, True
-    exact = layer.symmetric and stored.g_idx is None
-    if exact and layer.bits == 8 and layer.group_size is None:
-        return QuantScheme(8, None), stored.int8_values(), stored.scale, False
-    if layer.bits == 4:
-        group = layer.group_size if layer.group_size in W4A8_GROUP_SIZES else \
-            next((g for g in W4A8_GROUP_SIZES if k % g == 0), None)
-        if group is None:
-            raise ConfigError(f"--activation-quant int8 needs input features divisible by 32 (the layer has {k}); "
-                              "use --activation-quant none")
-        if exact and layer.group_size in (group, None):
-            scale = stored.scale.float().reshape(-1, 1).expand(-1, k // group) if layer.group_size is None \
-                else stored.scale
+    if layer.symmetric and stored.g_idx is None:
+        if layer.bits == 8 and layer.group_size is None:
+            return QuantScheme(8, None), stored.int8_values(), stored.scale, False
+        if layer.bits == 4 and layer.group_size in W4A8_GROUP_SIZES:
+            return QuantScheme(4, layer.group_size), stored.int8_values(), stored.scale, False
+        group = next((g for g in W4A8_GROUP_SIZES if k % g == 0), None)
+        if layer.bits == 4 and layer.group_size is None and group is not None:
+            scale = stored.scale.float().reshape(-1, 1).expand(-1, k // group)
             return QuantScheme(4, group), stored.int8_values(), scale, False
-        scheme = QuantScheme(4, group)
-    else:
-        scheme = QuantScheme(8, None)
+    if k % 16:
+        raise ConfigError(f"--activation-quant int8 needs input features divisible by 16 (a layer has {k}); "
+                          "use --activation-quant none")
     weight = grouped_integers(stored).dequantize()  # (N, K) fp32, checkpoint order
-    values, scale = quantize_weight(weight, scheme, torch.float32)
-    return scheme, values, scale, True
+    values, scale = quantize_weight(weight, QuantScheme(8, None), torch.float32)
+    return QuantScheme(8, None), values, scale, True
