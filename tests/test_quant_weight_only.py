@@ -197,6 +197,7 @@ def test_reference_backend_builds_the_kernels_weights(checkpoints, name):
 
 def _greedy(model: str, prompts: list[str], **engine) -> list[list[int]]:
     e = LLMEngine(EngineConfig(model=model, kv_cache_space_gib=0.05, max_model_len=256, progress=False, **engine))
+    assert (e.runner.compiled is not None) == engine.get("compiled_forward", True), e.runner.plan_blocker
     params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
     return [out[0].token_ids for out in e.generate([e.tokenizer.encode(p) for p in prompts], params)]
 
@@ -233,3 +234,9 @@ def test_activation_quant_int8_runs_weight_only_checkpoints_on_int8_kernels(chec
     # int8 activations plus the int8 re-quantization of the weights.
     assert torch.nn.functional.cosine_similarity(ours, library, dim=-1).median() > 0.98
     assert len(_greedy(str(checkpoints["w4a16-g64"]), PROMPTS[:1], activation_quant="int8")[0]) == 16
+
+
+def test_compiled_forward_runs_act_order_weights(checkpoints):
+    """The compiled forward permutes the inputs of act-ordered layers as the eager model does: same tokens."""
+    path = str(checkpoints["w4a16-g64-actorder"])
+    assert _greedy(path, PROMPTS[:3]) == _greedy(path, PROMPTS[:3], compiled_forward=False)
