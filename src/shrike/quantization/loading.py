@@ -15,6 +15,7 @@ from shrike.quantization.backends import format_of, select_backend
 from shrike.quantization.compressed_tensors_format import QuantizationPlan, read_stored_linear
 from shrike.quantization.repack_cache import RepackCache
 from shrike.quantization.safetensors_io import CheckpointFiles
+from shrike.quantization.weight_forms import INT8_CONVERSION
 
 
 def _glibc():
@@ -62,8 +63,9 @@ class QuantizedLinearFactory:
         self.backend = select_backend(kernel_backend)
         self.activation_quant = activation_quant  # for weight-only layers: "none" (16-bit) or "int8"
         self.files = CheckpointFiles(model_dir)
-        # Weight-only layers are packed differently for int8 activations: a cache entry per choice.
-        variant = self.backend.variant + ("-int8act" if activation_quant == "int8" else "")
+        # Weight-only layers are packed differently for int8 activations: a cache entry per choice, and a
+        # new one whenever the conversion for the int8 kernels changes (weight_forms.INT8_CONVERSION).
+        variant = self.backend.variant + (f"-int8act{INT8_CONVERSION}" if activation_quant == "int8" else "")
         self.cache = RepackCache(self.files, variant)
         self._freed_bytes = 0  # checkpoint buffers freed since memory was last returned to the OS
 

@@ -18,6 +18,10 @@ from shrike.quantization.quantizer import quantize_weight
 from shrike.quantization.schemes import W4A8_GROUP_SIZES, QuantScheme
 
 
+# Part of the repack cache key of weights converted for the int8 kernels: bump when the conversion changes.
+INT8_CONVERSION = 2
+
+
 @dataclass
 class GroupedIntegers:
     """Integer weights with contiguous groups, in the column order the kernels read."""
