@@ -48,7 +48,7 @@ class _Requantized:
     def note(self, stored: StoredLinear) -> None:
         if not self.told:
             what = "converted to int8 per channel" if stored.layer.weight_type == "float" else \
-                "re-quantized to symmetric int4/int8"
+                "re-quantized to int8 per channel"
             print(f"shrike: {stored.layer.name} weights are {what} for the int8 kernels at load (rounding error: "
                   "see the README's format table); cached after the first load", file=sys.stderr)
             self.told = True
