@@ -139,7 +139,7 @@ def main() -> None:
         checkpoints = build_checkpoints(src, Path(tmp))
         torch.set_num_threads(threads)
         ppl = {name: perplexities(path, act) for name, (path, act) in checkpoints.items()}
-        print({name: {t: round(v, 3) for t, v in p.items()} for name, p in ppl.items()}, flush=True)
+        write_report(args.out, checkpoints, ppl, None, args.rounds)
         engines = {name: LLMEngine(EngineConfig(model=str(path), activation_quant=act, max_model_len=512,
                                                 kv_cache_space_gib=0.05, max_num_seqs=1, progress=False))
                    for name, (path, act) in checkpoints.items()}
@@ -153,13 +153,18 @@ def main() -> None:
                     first = decode_seconds(engine, prompt, 1)
                     total = decode_seconds(engine, prompt, DECODE_TOKENS)
                     rates[name].append((DECODE_TOKENS - 1) / (total - first))
-    bf16_rate = statistics.median(rates["bf16"])
+    write_report(args.out, checkpoints, ppl, rates, args.rounds)
+
+
+def write_report(out: Path, checkpoints: dict, ppl: dict, rates: dict[str, list[float]] | None, rounds: int) -> None:
+    """The results table; rates None: perplexity only (written before the timed part waits for the lock)."""
+    bf16_rate = statistics.median(rates["bf16"]) if rates else None
     rows = ["| checkpoint | decode tok/s (median) | vs bf16 | ppl declaration | ppl bill of rights |",
             "|---|---|---|---|---|"]
     for name in checkpoints:
-        rate = statistics.median(rates[name])
-        rows.append(f"| {name} | {rate:.1f} | {rate / bf16_rate:.2f}x | {ppl[name]['declaration']:.3f} | "
-                    f"{ppl[name]['bill of rights']:.3f} |")
+        rate = statistics.median(rates[name]) if rates else None
+        timing = f"{rate:.1f} | {rate / bf16_rate:.2f}x" if rates else "not yet timed | "
+        rows.append(f"| {name} | {timing} | {ppl[name]['declaration']:.3f} | {ppl[name]['bill of rights']:.3f} |")
     cpu = subprocess.run(["sh", "-c", "grep -m1 'model name' /proc/cpuinfo"], capture_output=True, text=True,
                          check=False).stdout
     report = "\n".join([
@@ -168,12 +173,12 @@ def main() -> None:
         f"`python benchmarks/bench_formats.py`, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
         f"{cpu.split(':', 1)[-1].strip() or platform.processor()}, kernel variant {_C.active_isa()}, "
         f"{torch.get_num_threads()} torch threads; decode batch 1, {DECODE_TOKENS} tokens, median of "
-        f"{args.rounds} interleaved rounds; perplexity with {CONTEXT}-token chunks. Timed on a shared machine "
+        f"{rounds} interleaved rounds; perplexity with {CONTEXT}-token chunks. Timed on a shared machine "
         "(other jobs running): compare the ratios, not the absolute rates.",
         "",
         *rows,
         ""])
-    args.out.write_text(report)
+    out.write_text(report)
     print(report)
 
 
