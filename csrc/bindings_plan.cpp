@@ -166,7 +166,19 @@ void bind_plan(nb::module_& m) {
       .def("__init__", [](Linear* self, const std::string& kind, const Array& weight, std::optional<Array> bias,
                           int64_t n, int64_t k, int64_t group) {
         new (self) Linear(make_linear(kind, weight, std::move(bias), n, k, group));
-      }, nb::arg("kind"), nb::arg("weight"), nb::arg("bias").none(), nb::arg("n"), nb::arg("k"), nb::arg("group"));
+      }, nb::arg("kind"), nb::arg("weight"), nb::arg("bias").none(), nb::arg("n"), nb::arg("k"), nb::arg("group"))
+      .def_static("weight_only", [](const StridedArray& q, const StridedArray& scale, const StridedArray& offset,
+                                    std::optional<StridedArray> perm, int bits, int64_t n, int64_t k, int64_t group,
+                                    std::optional<Array> bias) {
+        Linear l;
+        l.kind = LinearKind::weight_only;
+        l.n = n, l.k = k, l.group = group;
+        l.weight_only = weight_only_weight(q, scale, offset, perm, bits, n, k, group);
+        l.weight = l.weight_only.q;
+        if (bias) l.bias = data_of<const float>(*bias, "bias", n);
+        return l;
+      }, nb::arg("q"), nb::arg("scale"), nb::arg("offset"), nb::arg("perm").none(), nb::arg("bits"), nb::arg("n"),
+         nb::arg("k"), nb::arg("group"), nb::arg("bias").none());
   nb::class_<ForwardPlan>(m, "ForwardPlan")
       .def("__init__", [](ForwardPlan* self, nb::dict shape, int64_t max_tokens, int64_t max_seqs) {
         ForwardPlan* made = make_plan(shape, max_tokens, max_seqs);

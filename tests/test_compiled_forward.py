@@ -101,7 +101,8 @@ def tiny_dirs(tmp_path_factory, default_model_dir):
 
 @pytest.mark.parametrize("kind, scheme", [(kind, "w4a8-g32") for kind in ("llama", "qwen2", "qwen3", "minicpm",
                                                                          "minicpm-longrope")]
-                         + [("qwen2", "w8a8"), ("minicpm-longrope", "w8a8")])
+                         + [("qwen2", "w8a8"), ("minicpm-longrope", "w8a8"), ("qwen2", "w4a16-g32"),
+                            ("minicpm", "w8a16")])
 def test_quantized_logits_are_bit_identical(tiny_dirs, tmp_path, kind, scheme):
     quantized = tmp_path / "q"
     _quantize(tiny_dirs[kind], quantized, scheme)

@@ -76,3 +76,6 @@ def test_linear_ops(tables):
     _both(tables, "w8a8_linear", lambda: (x, w8, bias, torch.empty(3, 48)), [3], atol=0, rtol=0)
     _both(tables, "dense_linear", lambda: (x, _randn(48, 64, seed=7), bias, torch.empty(3, 48)), [3],
           atol=1e-4, rtol=1e-4)
+    wo = kernels.WeightOnlyWeight.from_int8(values, (_randn(48, 2).abs() / 8).bfloat16(), values[:, :2], 4, 32,
+                                            torch.randperm(64, generator=torch.Generator().manual_seed(1)))
+    _both(tables, "weight_only_linear", lambda: (x, wo, bias, torch.empty(3, 48)), [3], atol=0, rtol=0)

@@ -1,11 +1,12 @@
 """compressed-tensors format: config parsing, int4 packing, and compatibility both ways with the real library."""
 import json
+from pathlib import Path
 
 import pytest
 import torch
 from compressed_tensors.compressors import BaseCompressor
 from compressed_tensors.compressors.model_compressors import ModelCompressor
-from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
+from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32, unpack_from_int32
 from compressed_tensors.quantization import QuantizationConfig
 from compressed_tensors.quantization.quant_scheme import preset_name_to_scheme
 from compressed_tensors.quantization.utils.helpers import calculate_qparams
@@ -15,7 +16,7 @@ from shrike.errors import ConfigError
 from shrike.eval_ppl import sequence_logits
 from shrike.model.config import ModelConfig
 from shrike.model.loader import load_model
-from shrike.quantization.compressed_tensors_format import QuantizationPlan, pack_int4, unpack_int4
+from shrike.quantization.compressed_tensors_format import QuantizationPlan, pack_int4, unpack_int, unpack_int4
 from shrike.quantization.quantize_checkpoint import linear_prefixes, quantize_checkpoint
 from shrike.quantization.quantizer import dequantize, quantize_weight
 from shrike.quantization.safetensors_io import CheckpointFiles
@@ -48,17 +49,42 @@ def test_plan_matches_targets_and_ignore():
 
 
 @pytest.mark.parametrize("config, named", [
-    (_config({**W4, "symmetric": False}), "asymmetric"),
     (_config({**W4, "group_size": 16}), "group_size 16"),
-    (_config({"num_bits": 8, "type": "float", "strategy": "channel", "symmetric": True}), "float weights"),
+    (_config({**W4, "num_bits": 3}), "3-bit weights"),
+    (_config({**W4, "dynamic": True}), "dynamic weight quantization"),
+    (_config({"num_bits": 8, "type": "float", "strategy": "channel", "symmetric": True}), "float weights in format"),
+    (_config({"num_bits": 4, "type": "float", "strategy": "group", "group_size": 16}, format="float-quantized"),
+     "4-bit float weights"),
     (_config(W4, {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True}), "input activations"),
+    (_config(W4, {"num_bits": 4, "type": "int", "strategy": "token", "dynamic": True}), "input activations"),
     (_config(W4, quant_method="awq"), "quant_method 'awq'"),
     (_config(W4, format="marlin-24"), "format 'marlin-24'"),
+    (_config(W4, kv_cache_scheme={"num_bits": 8, "type": "float"}), "quantized KV cache"),
 ])
 def test_unsupported_schemes_name_what_is_supported(config, named):
     with pytest.raises(ConfigError, match=named) as err:
         QuantizationPlan(config)
-    assert "int-quantized or pack-quantized" in str(err.value) and "group of 128, 64 or 32" in str(err.value)
+    message = str(err.value)
+    assert "\n" not in message
+    assert "pack-quantized or int-quantized" in message and "W4A16" in message and "FP8" in message
+
+
+@pytest.mark.parametrize("weights, acts, fmt, name", [
+    ({**W4, "group_size": 64}, None, "pack-quantized", "w4a16-g64"),
+    ({**W4, "symmetric": False}, None, "pack-quantized", "w4a16-g128-asym"),
+    ({**W4, "group_size": 256, "actorder": "group"}, None, "int-quantized", "w4a16-g256"),
+    ({"num_bits": 8, "type": "int", "strategy": "channel", "symmetric": True}, None, "pack-quantized", "w8a16"),
+    ({"num_bits": 8, "type": "int", "strategy": "tensor", "symmetric": True}, None, "int-quantized", "w8a16"),
+    ({**W4, "symmetric": False}, {"num_bits": 8, "type": "int", "strategy": "token", "dynamic": True},
+     "pack-quantized", "w4a8-g128-asym"),
+    ({"num_bits": 8, "type": "float", "strategy": "channel", "symmetric": True},
+     {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True}, "float-quantized", "fp8"),
+])
+def test_supported_schemes_parse(weights, acts, fmt, name):
+    config = _config(weights, format=fmt)
+    config["config_groups"]["group_0"]["input_activations"] = acts
+    layer = QuantizationPlan(config).layer("model.layers.0.mlp.down_proj")
+    assert layer.name == name and layer.weight_only == (acts is None)
 
 
 @pytest.mark.parametrize("name", ["w4a8-g32", "w8a8"])
@@ -87,7 +113,8 @@ def dense_tiny(tmp_path_factory):
     return path
 
 
-@pytest.mark.parametrize("name, fmt", [("w4a8-g128", "pack-quantized"), ("w8a8", "int-quantized")])
+@pytest.mark.parametrize("name, fmt", [("w4a8-g128", "pack-quantized"), ("w8a8", "int-quantized"),
+                                       ("w4a16-g32", "int-quantized"), ("w8a16", "pack-quantized")])
 def test_library_decompresses_what_we_write(dense_tiny, tmp_path, name, fmt):
     dst = tmp_path / name
     quantize_checkpoint(dense_tiny, dst, SCHEMES[name], fmt, progress=False)
@@ -98,7 +125,8 @@ def test_library_decompresses_what_we_write(dense_tiny, tmp_path, name, fmt):
     for prefix in linear_prefixes(ModelConfig.from_dir(dst)):
         stored = {n.rsplit(".", 1)[1]: ours.read(n) for n in ours.names() if n.startswith(prefix + ".")}
         weight = compressor.decompress(stored, scheme)["weight"]  # (N, K) bf16
-        values = stored["weight"] if fmt == "int-quantized" else unpack_int4(stored["weight_packed"], weight.shape[1])
+        values = stored["weight"] if fmt == "int-quantized" else \
+            unpack_int(stored["weight_packed"], SCHEMES[name].weight_bits, weight.shape[1])
         assert torch.equal(weight, dequantize(values, stored["weight_scale"]).to(weight.dtype))
         dense = source.read(f"{prefix}.weight").float()
         assert (weight.float() - dense).abs().max() <= stored["weight_scale"].float().max()
@@ -152,3 +180,55 @@ def test_we_load_what_the_library_writes(dense_tiny, tmp_path, monkeypatch, pres
     logits = sequence_logits(kernel.model, ids)
     assert torch.isfinite(logits).all()
     assert torch.equal(logits, sequence_logits(reference.model, ids))
+
+
+@pytest.mark.parametrize("scheme", ["w4a8-g32", "w8a8", "w4a16-g64", "w8a16"])
+@pytest.mark.parametrize("fmt", [None, "pack-quantized", "int-quantized"])
+def test_quantize_command_every_scheme_and_format(dense_tiny, tmp_path, monkeypatch, capsys, scheme, fmt):
+    """`shrike quantize` picks the format from the scheme (int4 packed, int8 one per byte); both formats work for all."""
+    from shrike.cli import main
+    monkeypatch.setenv("SHRIKE_CACHE_DIR", str(tmp_path / "cache"))
+    dst = tmp_path / "out"
+    assert main(["quantize", str(dense_tiny), str(dst), "--scheme", scheme, *(["--format", fmt] if fmt else [])]) == 0
+    qc = json.loads((dst / "config.json").read_text())["quantization_config"]
+    expected = fmt or ("pack-quantized" if scheme.startswith("w4") else "int-quantized")
+    assert qc["format"] == expected
+    assert (qc["config_groups"]["group_0"]["input_activations"] is None) == ("a16" in scheme)
+    layer = load_model(str(dst), progress=False).model.layers[0]
+    assert layer.qkv_proj.format == ("weight_only" if "a16" in scheme else scheme.split("-")[0])
+
+
+def test_quantize_weight_only_with_calibration_and_clip_search(dense_tiny, tmp_path):
+    """Weight-only schemes use the calibration text for the clipping search only (no smoothing: activations
+    are not quantized), so the weights stay a rounding of the originals."""
+    dst = tmp_path / "w4a16"
+    text = Path(__file__).parent / "data" / "calibration_bill_of_rights.txt"
+    quantize_checkpoint(dense_tiny, dst, SCHEMES["w4a16-g32"], clip_search=True, calibration_text=text.read_text(),
+                        progress=False)
+    ours, source = CheckpointFiles(dst), CheckpointFiles(dense_tiny)
+    prefix = "model.layers.0.mlp.down_proj"
+    weight = dequantize(unpack_int4(ours.read(f"{prefix}.weight_packed"), 768), ours.read(f"{prefix}.weight_scale"))
+    step = ours.read(f"{prefix}.weight_scale").float().repeat_interleave(32, dim=1)
+    assert ((weight - source.read(f"{prefix}.weight").float()).abs() <= 9 * step).all()  # no smoothing factors
+
+
+def test_quantize_errors_are_one_line(dense_tiny, tmp_path, capsys):
+    from shrike.cli import main
+    assert main(["quantize", str(dense_tiny), str(tmp_path / "a"), "--scheme", "w4a16-g64", "--ignore"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "quantizing lm_head is not supported; keep lm_head in --ignore" in err
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_packed_zero_points_are_the_library_layout(bits):
+    """pack-quantized stores asymmetric zero points packed along the output dimension (N = 20: a partial word)."""
+    scheme = preset_name_to_scheme("W4A16_ASYM", ["Linear"])
+    scheme.weights.num_bits, scheme.weights.group_size = bits, 32
+    weight = torch.randn(20, 64, generator=torch.Generator().manual_seed(bits)).bfloat16()
+    grouped = weight.float().reshape(20, -1, 32)
+    scale, zero = calculate_qparams(grouped.amin(-1), grouped.amax(-1), scheme.weights)
+    compressed = BaseCompressor.load_from_registry("pack-quantized").compress(
+        {"weight": weight, "weight_scale": scale.bfloat16(), "weight_zero_point": zero}, scheme)
+    assert torch.equal(unpack_int(compressed["weight_zero_point"].t(), bits, 20).t(), zero.to(torch.int8))
+    assert torch.equal(unpack_int(compressed["weight_packed"], bits, 64),
+                       unpack_from_int32(compressed["weight_packed"], bits, torch.Size([20, 64])))

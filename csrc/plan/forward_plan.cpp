@@ -102,6 +102,8 @@ void ForwardPlan::linear(const Linear& l, const void* x, int64_t rows, void* out
       return w8a8_linear(x, xt, rows, l.k, static_cast<const uint8_t*>(l.weight), l.n, l.bias, out, out_dtype);
     case LinearKind::dense:
       return dense_linear(x, xt, rows, l.k, l.weight, l.weight_dtype, l.n, l.bias, out, out_dtype);
+    case LinearKind::weight_only:
+      return weight_only_linear(x, xt, rows, l.weight_only, l.bias, out, out_dtype);
   }
 }
 
@@ -129,6 +131,9 @@ void ForwardPlan::consume(const Linear& l, const void* x, int64_t rows, void* ou
 }
 
 namespace {
+// Whether `l` takes int8 activations that its producer quantizes (the others take the float rows).
+bool quantizes_input(const Linear& l) { return l.kind == LinearKind::w4a8 || l.kind == LinearKind::w8a8; }
+
 // Rows per task when a prefill's per-row work (norm or silu*up, then quantization) is spread over
 // the pool; each row writes only its own outputs, so the split does not change a bit.
 constexpr int64_t kRowsPerTask = 8;
@@ -146,12 +151,12 @@ void over_rows(int64_t rows, RowFn row) {
 }  // namespace
 
 // normed_ = rmsnorm(residual (+= delta_ when add)), quantized row by row for a quantized `consumer`.
-// Spread over the pool for dense consumers too: on one thread a bf16 prefill's norms and silu*up
-// kept the other threads spinning.
+// Spread over the pool for unquantized (dense, weight-only) consumers too: on one thread a bf16
+// prefill's norms and silu*up kept the other threads spinning.
 void ForwardPlan::norm_for(const Linear& consumer, const void* weight, int64_t tokens, bool add) {
   const Shape& s = shape;
   const size_t row_bytes = s.hidden * element_bytes(s.act_dtype);
-  const bool quantized = consumer.kind != LinearKind::dense;
+  const bool quantized = quantizes_input(consumer);
   over_rows(tokens, [&](int64_t t) {
     uint8_t* residual = residual_.data() + t * row_bytes;
     uint8_t* normed = normed_.data() + t * row_bytes;
@@ -167,7 +172,7 @@ void ForwardPlan::norm_for(const Linear& consumer, const void* weight, int64_t t
 void ForwardPlan::silu_mul_for(const Linear& consumer, int64_t tokens) {
   const Shape& s = shape;
   const size_t e = element_bytes(s.act_dtype);
-  const bool quantized = consumer.kind != LinearKind::dense;
+  const bool quantized = quantizes_input(consumer);
   over_rows(tokens, [&](int64_t t) {
     uint8_t* act = act_.data() + t * s.intermediate * e;
     silu_mul(gate_up_.data() + t * 2 * s.intermediate * e, act, 1, s.intermediate, s.act_dtype);

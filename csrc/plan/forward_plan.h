@@ -10,10 +10,11 @@
 #include <vector>
 
 #include "common/dtype.h"
+#include "weight_only/weight_only.h"
 
 namespace shrike::plan {
 
-enum class LinearKind { w4a8, w8a8, dense };
+enum class LinearKind { w4a8, w8a8, dense, weight_only };
 
 struct Linear {
   LinearKind kind = LinearKind::dense;
@@ -21,6 +22,7 @@ struct Linear {
   DType weight_dtype = DType::f32;  // dense only
   const float* bias = nullptr;  // (n,) or null
   int64_t n = 0, k = 0, group = 0;  // group: w4a8 only
+  WeightOnlyWeight weight_only;  // weight_only only (W4A16 / W8A16)
 };
 
 struct Layer {

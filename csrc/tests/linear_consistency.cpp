@@ -1,4 +1,4 @@
-// Checks every available kernel variant (low-bit and dense linears) against the scalar
+// Checks every available kernel variant (low-bit, weight-only and dense linears) against the scalar
 // reference, bit for bit, on random data over many shapes (the idea of ggml's test-backend-ops). Built without Python so the
 // Arm variants can run under qemu-user.
 //
@@ -24,6 +24,7 @@
 #include "linear/repack.h"
 #include "quant/act_quant.h"
 #include "runtime/threadpool.h"
+#include "weight_only/weight_only.h"
 
 namespace {
 
@@ -257,6 +258,63 @@ void check_dense(const std::vector<Isa>& isas, bool quick, std::vector<Tally>& t
   }
 }
 
+// weight_only_linear (W4A16 / W8A16): every variant equals the reference for both widths, group
+// sizes, zero points and an act-order permutation, and batched rows equal rows alone.
+void check_weight_only(const std::vector<Isa>& isas, bool quick, std::vector<Tally>& tallies) {
+  const std::vector<Shape> shapes = {{13, 64}, {40, 96}, {64, 576}, {7, 2048}};
+  const std::vector<int64_t> ms = quick ? std::vector<int64_t>{1, 5} : std::vector<int64_t>{1, 2, 5, 17};
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> scale_dist(0.001f, 0.02f);
+  for (Shape s : shapes) {
+    for (int bits : {4, 8}) {
+      const int64_t group = s.k % 64 == 0 ? (bits == 4 ? 64 : s.k) : 32;
+      const int64_t groups = s.n * (s.k / group);
+      std::vector<uint8_t> q(s.n * s.k / (bits == 4 ? 2 : 1));
+      for (auto& v : q) v = static_cast<uint8_t>(byte(rng));
+      std::vector<float> scale(groups), offset(groups), bias(s.n);
+      for (int64_t g = 0; g < groups; ++g) {
+        scale[g] = bf16_to_float(float_to_bf16(scale_dist(rng)));  // bf16 scales: the dequantizing fma is exact
+        offset[g] = -static_cast<float>(byte(rng) >> (bits == 4 ? 4 : 0)) * scale[g];
+      }
+      std::normal_distribution<float> normal(0.f, 1.f);
+      for (auto& v : bias) v = normal(rng);
+      std::vector<int32_t> perm(s.k);
+      for (int64_t j = 0; j < s.k; ++j) perm[j] = static_cast<int32_t>(j);
+      std::shuffle(perm.begin(), perm.end(), rng);
+      for (bool permuted : {false, true}) {
+        WeightOnlyWeight w;
+        w.q = q.data(), w.scale = scale.data(), w.offset = offset.data(), w.perm = permuted ? perm.data() : nullptr;
+        w.bits = bits, w.n = s.n, w.k = s.k, w.group = group;
+        for (int64_t m : ms) {
+          std::vector<float> x = activations(m, s.k);
+          for (int variant = 0; variant < 4; ++variant) {
+            DType xt = variant & 1 ? DType::bf16 : DType::f32, ot = variant & 2 ? DType::bf16 : DType::f32;
+            std::vector<uint8_t> xin = as_input(x, xt);
+            size_t out_bytes = ot == DType::f32 ? 4 : 2;
+            const float* b = variant & 1 ? nullptr : bias.data();
+            std::string name = "weight_only bits=" + std::to_string(bits) + " M=" + std::to_string(m) + " N=" +
+                               std::to_string(s.n) + " K=" + std::to_string(s.k) + " G=" + std::to_string(group) +
+                               (permuted ? " act-order" : "") + " variant=" + std::to_string(variant);
+            compare(tallies, isas, m * s.n * out_bytes, name,
+                    [&](void* out) { weight_only_linear(xin.data(), xt, m, w, b, out, ot); });
+            for (size_t i = 0; i < isas.size() && m > 1 && variant == 1; ++i) {
+              set_active_isa(isa_name(isas[i]));
+              std::vector<uint8_t> batched(m * s.n * out_bytes), alone(s.n * out_bytes);
+              weight_only_linear(xin.data(), xt, m, w, b, batched.data(), ot);
+              size_t x_row = s.k * (xt == DType::f32 ? 4 : 2);
+              for (int64_t r = 0; r < m; ++r) {
+                weight_only_linear(xin.data() + r * x_row, xt, 1, w, b, alone.data(), ot);
+                expect_equal(tallies[i], batched.data() + r * s.n * out_bytes, alone.data(), alone.size(),
+                             std::string(isa_name(isas[i])) + " " + name + " row " + std::to_string(r) + " alone");
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -310,6 +368,7 @@ int main(int argc, char** argv) {
   Tally packing;
   check_all(isas, quick, tallies, packing);
   check_dense(isas, quick, tallies);
+  check_weight_only(isas, quick, tallies);
   std::printf("%-8s %5d checks, %d mismatches\n", "repack", packing.checks, packing.failures);
   failures += packing.failures;
   for (size_t i = 0; i < isas.size(); ++i) {

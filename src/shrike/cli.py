@@ -24,6 +24,9 @@ def _add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lm-head-quant", default="none", choices=["none", "int8"],
                    help="none: the lm_head keeps the checkpoint's precision (default); "
                    "int8: quantized per vocabulary row at load (half the bytes of bf16, slightly less accurate)")
+    p.add_argument("--activation-quant", default="none", choices=["none", "int8"],
+                   help="weight-only (W4A16 / W8A16) checkpoints: none keeps activations in 16 bits (default, accurate); "
+                   "int8 quantizes them per token for the W4A8 / W8A8 int8 kernels (faster, less accurate)")
     p.add_argument("--cpu-threads", type=int, default=None, help="compute threads (default: one per fast core)")
     p.add_argument("--cpu-bind", default=None, metavar="LIST",
                    help="cores to compute on, e.g. 0,1,6-11 (default: the fastest class of usable cores)")

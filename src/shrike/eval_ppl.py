@@ -38,6 +38,9 @@ def add_eval_ppl_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lm-head-quant", default="none", choices=["none", "int8"],
                    help="none: the lm_head keeps the checkpoint's precision (default); "
                    "int8: quantized per vocabulary row at load (half the bytes of bf16, slightly less accurate)")
+    p.add_argument("--activation-quant", default="none", choices=["none", "int8"],
+                   help="weight-only (W4A16 / W8A16) checkpoints: none keeps activations in 16 bits (default, accurate); "
+                   "int8 quantizes them per token for the W4A8 / W8A8 int8 kernels (faster, less accurate)")
 
 
 @dataclass
@@ -93,7 +96,8 @@ def run_eval_ppl(args: argparse.Namespace) -> int:
     from shrike.model.loader import load_model, resolve_kv_cache_dtype
     if not args.file.is_file():
         raise ConfigError(f"{args.file} is not a file")
-    loaded = load_model(args.model, args.dtype, kernel_backend=args.kernel_backend, lm_head_quant=args.lm_head_quant)
+    loaded = load_model(args.model, args.dtype, kernel_backend=args.kernel_backend, lm_head_quant=args.lm_head_quant,
+                        activation_quant=args.activation_quant)
     context = min(args.context, loaded.max_model_len)
     token_ids = loaded.tokenizer.encode(args.file.read_text(encoding="utf-8"), add_special_tokens=False)
     result = evaluate_perplexity(loaded.model, token_ids, context,

@@ -23,7 +23,7 @@ def run_generate(args: argparse.Namespace) -> int:
                                     chat_template=args.chat_template, kv_cache_space_gib=args.kv_cache_space,
                                     cpu_threads=args.cpu_threads, cpu_bind=args.cpu_bind, max_num_seqs=1,
                                     kernel_backend=args.kernel_backend, lm_head_quant=args.lm_head_quant,
-                                    speculative_config=args.speculative_config))
+                                    speculative_config=args.speculative_config, activation_quant=args.activation_quant))
     tok = engine.tokenizer
     if args.chat:
         messages = ([{"role": "system", "content": args.system}] if args.system else [])

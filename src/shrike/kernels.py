@@ -21,6 +21,7 @@ from shrike.platform.cpulist import parse_cpu_list
 __all__ = [
     "W4A8Weight",
     "W8A8Weight",
+    "WeightOnlyWeight",
     "linear",
     "quantize_activations",
     "active_isa",
@@ -207,6 +208,65 @@ class W8A8Weight:
 
     def __repr__(self) -> str:
         return f"W8A8Weight(N={self.n}, K={self.k})"
+
+
+class WeightOnlyWeight:
+    """int4 / int8 weights [N, K] for 16-bit activations (W4A16 / W8A16), dequantized in registers.
+
+    W[c, j] = (u[c, j] - zero) * scale of (c, j's group), computed as one fma with offset = -zero * scale;
+    u is unsigned (int4: value + 8, two per byte, low nibble first, the compressed-tensors bit order;
+    int8: value + 128). ``perm`` (act-order checkpoints): column j of W multiplies x[:, perm[j]].
+    """
+
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, perm: torch.Tensor | None,
+                 bits: int, n: int, k: int, group_size: int):
+        self.q = _check_tensor(q, "q")  # (N, K/2) or (N, K) uint8
+        self.scale = _check_tensor(scale, "scale")  # (N, K/G) fp32
+        self.offset = _check_tensor(offset, "offset")  # (N, K/G) fp32
+        self.perm = None if perm is None else _check_tensor(perm, "perm")  # (K,) int32
+        self.bits, self.n, self.k, self.group_size = bits, n, k, group_size
+
+    @classmethod
+    def from_int8(cls, values: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, bits: int,
+                  group_size: int, perm: torch.Tensor | None = None) -> "WeightOnlyWeight":
+        """values (N, K) int8 (signed, in the bits' range), scale (N, K/G), zero (N, K/G) signed or None."""
+        n, k = values.shape
+        bias = 1 << (bits - 1)
+        unsigned = (values.to(torch.int16) + bias).to(torch.uint8)  # (N, K)
+        q = (unsigned[:, 0::2] | (unsigned[:, 1::2] << 4)).contiguous() if bits == 4 else unsigned.contiguous()
+        scale = _float32_scale(scale, "scale").reshape(n, k // group_size).contiguous()
+        zero_u = (zero.float() if zero is not None else torch.zeros_like(scale)).reshape(n, -1) + bias
+        offset = (-zero_u * scale).contiguous()  # exact: an integer below 2^9 times a bf16/fp16 scale
+        perm = None if perm is None else perm.to(torch.int32).contiguous()
+        return cls(q, scale, offset, perm, bits, n, k, group_size)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        meta = torch.tensor([LAYOUT_VERSION, self.n, self.k, self.bits, self.group_size], dtype=torch.int64)
+        out = {"q": self.q, "scale": self.scale, "offset": self.offset, "meta": meta}
+        if self.perm is not None:
+            out["perm"] = self.perm
+        return out
+
+    @classmethod
+    def from_tensors(cls, tensors: dict[str, torch.Tensor]) -> "WeightOnlyWeight":
+        version, n, k, bits, group_size = (int(v) for v in tensors["meta"].tolist())
+        if version != LAYOUT_VERSION:
+            raise ValueError(f"weight-only layout version {version}, this build reads {LAYOUT_VERSION}")
+        return cls(tensors["q"], tensors["scale"], tensors["offset"], tensors.get("perm"), bits, n, k, group_size)
+
+    def dequantize(self) -> torch.Tensor:
+        """(N, K) fp32 in the kernel's column order: exactly the values the kernel multiplies by."""
+        if self.bits == 4:
+            u = torch.stack([self.q & 15, self.q >> 4], dim=-1).reshape(self.n, self.k)
+        else:
+            u = self.q
+        g = self.group_size
+        # fma(u, scale, offset): u * scale is exact in float64, so one float32 rounding as in the kernel.
+        w = u.double().reshape(self.n, -1, g) * self.scale.double()[..., None] + self.offset.double()[..., None]
+        return w.float().reshape(self.n, self.k)
+
+    def __repr__(self) -> str:
+        return f"WeightOnlyWeight(bits={self.bits}, N={self.n}, K={self.k}, group_size={self.group_size})"
 
 
 def _check_activations(x, k: int) -> torch.Tensor:

@@ -28,8 +28,8 @@ class LLM:
 
     Engine arguments are EngineConfig's fields, named as the CLI flags (--max-model-len -> max_model_len):
     dtype, max_model_len, max_num_seqs, max_num_batched_tokens, kv_cache_space_gib, kv_cache_dtype,
-    chat_template, enable_prefix_caching, cpu_threads, cpu_bind, kernel_backend, progress, speculative_config
-    (vLLM's JSON as a dict or text, e.g. {"method": "ngram", "num_speculative_tokens": 5}).
+    chat_template, enable_prefix_caching, cpu_threads, cpu_bind, kernel_backend, lm_head_quant, activation_quant,
+    progress, speculative_config (vLLM's JSON as a dict or text, e.g. {"method": "ngram", "num_speculative_tokens": 5}).
     """
 
     def __init__(self, model: str | None = None, **engine_args: Any):

@@ -6,7 +6,7 @@ eager model and the compiled forward (shrike.model.compiled) run the op table re
 registry at load (``Registry.op_table``), so a plugin that replaces an op is the one called.
 
 Linear ops take the weight object their format's loader built: ``kernels.W4A8Weight`` /
-``W8A8Weight`` with the kernel backend, the ``reference_kernels`` weights with
+``W8A8Weight`` / ``WeightOnlyWeight`` with the kernel backend, the ``reference_kernels`` weights with
 ``--kernel-backend reference``, and a (N, K) tensor for ``dense_linear``. Their bias is float32
 for the quantized formats and in the weight's dtype for dense layers.
 
@@ -25,8 +25,8 @@ from shrike.layers.rotary import apply_rotary
 from shrike.registry import Registry
 
 # The op names, in the order a decoder step runs them.
-OP_NAMES = ("embedding", "rmsnorm", "add_rmsnorm", "w4a8_linear", "w8a8_linear", "dense_linear", "rope_write_kv",
-            "paged_attention", "silu_mul")
+OP_NAMES = ("embedding", "rmsnorm", "add_rmsnorm", "w4a8_linear", "w8a8_linear", "weight_only_linear", "dense_linear",
+            "rope_write_kv", "paged_attention", "silu_mul")
 
 
 # References ---------------------------------------------------------------------------------
@@ -97,13 +97,17 @@ def _reference_weight(weight):
     from shrike import kernels
     from shrike.quantization import reference_kernels as ref
 
-    if not isinstance(weight, (kernels.W4A8Weight, kernels.W8A8Weight)):
+    if not isinstance(weight, (kernels.W4A8Weight, kernels.W8A8Weight, kernels.WeightOnlyWeight)):
         return weight
     cached = getattr(weight, "_reference", None)
     if cached is None:
-        values, scale = weight.unpack()
-        cached = ref.ReferenceW8A8Weight(values, scale.reshape(-1)) if isinstance(weight, kernels.W8A8Weight) \
-            else ref.ReferenceW4A8Weight(values, scale, weight.group_size)
+        if isinstance(weight, kernels.WeightOnlyWeight):
+            perm = None if weight.perm is None else weight.perm.to(torch.int64)
+            cached = ref.ReferenceWeightOnlyWeight(weight.dequantize(), perm)
+        else:
+            values, scale = weight.unpack()
+            cached = ref.ReferenceW8A8Weight(values, scale.reshape(-1)) if isinstance(weight, kernels.W8A8Weight) \
+                else ref.ReferenceW4A8Weight(values, scale, weight.group_size)
         weight._reference = cached
     return cached
 
@@ -116,6 +120,11 @@ def w4a8_linear_reference(x: torch.Tensor, weight, bias: torch.Tensor | None, ou
 def w8a8_linear_reference(x: torch.Tensor, weight, bias: torch.Tensor | None, out: torch.Tensor) -> None:
     from shrike.quantization import reference_kernels as ref
     out.copy_(ref.w8a8_linear(x, _reference_weight(weight), bias))
+
+
+def weight_only_linear_reference(x: torch.Tensor, weight, bias: torch.Tensor | None, out: torch.Tensor) -> None:
+    from shrike.quantization import reference_kernels as ref
+    ref.weight_only_linear(x, _reference_weight(weight), bias, out)
 
 
 def dense_linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -158,6 +167,11 @@ def w8a8_linear_kernel(x: torch.Tensor, weight, bias: torch.Tensor | None, out: 
     _C.w8a8_linear(x, weight.packed, weight.n, bias, out)
 
 
+def weight_only_linear_kernel(x: torch.Tensor, weight, bias: torch.Tensor | None, out: torch.Tensor) -> None:
+    _C.weight_only_linear(x, weight.q, weight.scale, weight.offset, weight.perm, weight.bits, weight.n,
+                          weight.group_size, bias, out)
+
+
 def dense_linear_kernel(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor) -> None:
     if bias is not None and bias.dtype != torch.float32:
         bias = bias.float()  # exact; the kernel adds the bias in float32
@@ -172,6 +186,7 @@ def register_builtin_ops(registry: Registry) -> None:
         "add_rmsnorm": _C.add_rmsnorm,
         "w4a8_linear": w4a8_linear_kernel,
         "w8a8_linear": w8a8_linear_kernel,
+        "weight_only_linear": weight_only_linear_kernel,
         "dense_linear": dense_linear_kernel,
         "rope_write_kv": _C.rope_write_kv,
         "paged_attention": _C.paged_attention,
@@ -183,6 +198,7 @@ def register_builtin_ops(registry: Registry) -> None:
         "add_rmsnorm": add_rmsnorm_reference,
         "w4a8_linear": w4a8_linear_reference,
         "w8a8_linear": w8a8_linear_reference,
+        "weight_only_linear": weight_only_linear_reference,
         "dense_linear": dense_linear_reference,
         "rope_write_kv": rope_write_kv_reference,
         "paged_attention": paged_attention_reference,

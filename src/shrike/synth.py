@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from shrike.errors import ConfigError
 from shrike.quantization.compressed_tensors_format import (
-    check_format, pack_int4, quantization_config, stored_tensor_names, stored_tensor_specs)
+    check_format, default_format, pack_int, quantization_config, stored_tensor_names, stored_tensor_specs)
 from shrike.quantization.quantize_checkpoint import LINEAR_NAMES
 from shrike.quantization.safetensors_io import StreamingSafetensorsWriter, TensorSpec
 from shrike.quantization.schemes import SCHEMES, QuantScheme
@@ -49,8 +49,8 @@ def add_synth_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("dst", type=Path, help="output directory")
     p.add_argument("--like", required=True, choices=list(SHAPES), help="whose shapes to copy")
     p.add_argument("--scheme", required=True, choices=[*SCHEMES, "bf16"])
-    p.add_argument("--format", default="pack-quantized", choices=["pack-quantized", "int-quantized"],
-                   help="storage of quantized weights (default pack-quantized)")
+    p.add_argument("--format", default=None, choices=["pack-quantized", "int-quantized"],
+                   help="storage of quantized weights (default: pack-quantized for int4, int-quantized for int8)")
     p.add_argument("--layers", type=int, default=None, help="override the number of decoder layers")
     p.add_argument("--seed", type=int, default=0)
 
@@ -87,7 +87,7 @@ def _linear_tensors(prefix: str, n: int, k: int, scheme: QuantScheme | None, fmt
     groups = k // scheme.group_size if scheme.group_size else 1
     jitter = 1 + _SCALE_JITTER * (torch.rand(n, groups, generator=gen) - 0.5)
     scales = (jitter * WEIGHT_STD / uniform_std).bfloat16()  # (N, K/G) or (N, 1)
-    stored = [pack_int4(values), scales, torch.tensor([n, k], dtype=torch.int64)] if fmt == "pack-quantized" \
+    stored = [pack_int(values, scheme.weight_bits), scales, torch.tensor([n, k], dtype=torch.int64)] if fmt == "pack-quantized" \
         else [values, scales]
     return list(zip(stored_tensor_names(prefix, fmt), stored))
 
@@ -104,11 +104,12 @@ def _padded_tokenizer(src: Path, dst: Path, vocab_size: int) -> None:
     (dst / "tokenizer.json").write_text(json.dumps(tokenizer, ensure_ascii=False))
 
 
-def synthesize(dst: Path, like: str, scheme_name: str, fmt: str = "pack-quantized", layers: int | None = None,
+def synthesize(dst: Path, like: str, scheme_name: str, fmt: str | None = None, layers: int | None = None,
                seed: int = 0, progress: bool = True) -> None:
     from shrike.default_model import resolve_model
     scheme = None if scheme_name == "bf16" else SCHEMES[scheme_name]
     if scheme is not None:
+        fmt = fmt or default_format(scheme)
         check_format(scheme, fmt)
     if (dst / "config.json").exists():
         raise ConfigError(f"{dst} already holds a checkpoint; choose an empty output directory")

@@ -37,6 +37,7 @@ class EngineConfig:
     progress: bool = True
     kernel_backend: str = "auto"  # auto: the compiled kernel core; reference: the PyTorch reference (tests)
     lm_head_quant: str = "none"  # none: the checkpoint's precision; int8: per-row int8 (W8A8 kernel) from load
+    activation_quant: str = "none"  # weight-only checkpoints: none keeps 16-bit activations; int8: int8 kernels
     compiled_forward: bool = True  # False: always the eager Python forward (the reference path)
     # vLLM's --speculative-config: JSON text or a dict, e.g. {"method": "ngram", "num_speculative_tokens": 5}
     speculative_config: str | dict | None = None
@@ -86,7 +87,8 @@ class LLMEngine:
         self.cores = bind_compute_threads(config.cpu_threads, config.cpu_bind)
         loaded: LoadedModel = load_model(config.model, config.dtype, config.max_model_len, config.chat_template,
                                          progress=config.progress, kernel_backend=config.kernel_backend,
-                                         lm_head_quant=config.lm_head_quant)
+                                         lm_head_quant=config.lm_head_quant,
+                                         activation_quant=config.activation_quant)
         self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer
         self.dtype = loaded.dtype

@@ -41,6 +41,8 @@ def _plan_linear(layer, ops, keep: list) -> "_C.PlanLinear | str":
             return _C.PlanLinear("w4a8", w.packed, layer.bias, w.n, w.k, w.group_size)
         if isinstance(w, kernels.W8A8Weight):
             return _C.PlanLinear("w8a8", w.packed, layer.bias, w.n, w.k, 0)
+        if isinstance(w, kernels.WeightOnlyWeight):
+            return _C.PlanLinear.weight_only(w.q, w.scale, w.offset, w.perm, w.bits, w.n, w.k, w.group_size, layer.bias)
         return f"weights of type {type(w).__name__} are not packed for the kernels"
     if isinstance(layer, DenseLinear):
         if not _has_dense_kernel(ops):

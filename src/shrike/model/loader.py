@@ -15,7 +15,7 @@ from shrike.model.llama import CausalLM
 from shrike.model.weights import CheckpointTensors
 from shrike.platform.memory import KVCachePlan, plan_kv_cache, read_memory
 from shrike.plugins import build_registry
-from shrike.quantization.backends import select_backend
+from shrike.quantization.backends import ACTIVATION_QUANT, select_backend
 from shrike.tokenizer import Tokenizer
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
@@ -77,9 +77,11 @@ class LoadedModel:
 
 def load_model(model: str | None, dtype: str = "auto", max_model_len: int | None = None,
                chat_template: str | None = None, progress: bool = True, kernel_backend: str = "auto",
-               lm_head_quant: str = "none") -> LoadedModel:
+               lm_head_quant: str = "none", activation_quant: str = "none") -> LoadedModel:
     if lm_head_quant not in LM_HEAD_QUANT:
         raise ConfigError(f"--lm-head-quant {lm_head_quant!r} is not known; use {' or '.join(LM_HEAD_QUANT)}")
+    if activation_quant not in ACTIVATION_QUANT:
+        raise ConfigError(f"--activation-quant {activation_quant!r} is not known; use {' or '.join(ACTIVATION_QUANT)}")
     model_dir = resolve_model(model)
     config = ModelConfig.from_dir(model_dir)
     registry = build_registry()
@@ -91,7 +93,7 @@ def load_model(model: str | None, dtype: str = "auto", max_model_len: int | None
     if config.quantization_config is not None:
         method = config.quantization_config.get("quant_method", "(none)")
         scheme = registry.quantization(method)
-        extra = {"ops": ops} if scheme.provider == "shrike" else {}
+        extra = {"ops": ops, "activation_quant": activation_quant} if scheme.provider == "shrike" else {}
         make_linear = scheme.target(config, model_dir, torch_dtype, kernel_backend, **extra)
     limit = config.max_position_embeddings
     if max_model_len is None:

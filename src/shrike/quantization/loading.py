@@ -11,10 +11,11 @@ from shrike.errors import ConfigError
 from shrike.layers.linear import DenseLinear
 from shrike.model.config import ModelConfig
 from shrike.model.weights import CheckpointTensors
-from shrike.quantization.backends import select_backend
+from shrike.quantization.backends import format_of, select_backend
 from shrike.quantization.compressed_tensors_format import QuantizationPlan, read_stored_linear
 from shrike.quantization.repack_cache import RepackCache
 from shrike.quantization.safetensors_io import CheckpointFiles
+from shrike.quantization.weight_forms import INT8_CONVERSION
 
 
 def _glibc():
@@ -35,8 +36,8 @@ class QuantizedLinear:
     def __init__(self, weight, bias: torch.Tensor | None, kernel, format: str, out_features: int):
         self.weight = weight  # backend-specific packed weight, (N, K) logically
         self.bias = bias  # (N,) fp32 or None
-        self.kernel = kernel  # the op table's w4a8_linear or w8a8_linear
-        self.format = format  # "w4a8" or "w8a8"
+        self.kernel = kernel  # the op table's w4a8_linear, w8a8_linear or weight_only_linear
+        self.format = format  # "w4a8", "w8a8" or "weight_only"
         self.out_features = out_features
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -50,7 +51,8 @@ class QuantizedLinear:
 class QuantizedLinearFactory:
     """The `make_linear` of CausalLM for a quantized checkpoint (see shrike.model.llama.LinearFactory)."""
 
-    def __init__(self, config: ModelConfig, model_dir: Path, dtype: torch.dtype, kernel_backend: str, ops=None):
+    def __init__(self, config: ModelConfig, model_dir: Path, dtype: torch.dtype, kernel_backend: str, ops=None,
+                 activation_quant: str = "none"):
         from shrike.ops import builtin_op_table
 
         self.ops = ops or builtin_op_table()  # shrike.registry.OpTable
@@ -59,8 +61,12 @@ class QuantizedLinearFactory:
             raise ConfigError("a quantized lm_head is not supported; list lm_head in quantization_config.ignore")
         self.dtype = dtype
         self.backend = select_backend(kernel_backend)
+        self.activation_quant = activation_quant  # for weight-only layers: "none" (16-bit) or "int8"
         self.files = CheckpointFiles(model_dir)
-        self.cache = RepackCache(self.files, self.backend.variant)
+        # Weight-only layers are packed differently for int8 activations: a cache entry per choice, and a
+        # new one whenever the conversion for the int8 kernels changes (weight_forms.INT8_CONVERSION).
+        variant = self.backend.variant + (f"-int8act{INT8_CONVERSION}" if activation_quant == "int8" else "")
+        self.cache = RepackCache(self.files, variant)
         self._freed_bytes = 0  # checkpoint buffers freed since memory was last returned to the OS
 
     @property
@@ -78,20 +84,20 @@ class QuantizedLinearFactory:
                               "quantize them with the same scheme or list all of them in ignore")
         biases = torch.cat([tensors.get(f"{p}.bias", (n,), torch.float32) for p, n in zip(prefixes, out_features)]) \
             if bias else None
-        format = "w8a8" if layers[0].scheme.weight_bits == 8 else "w4a8"
-        kernel = self.ops.w8a8_linear if format == "w8a8" else self.ops.w4a8_linear
-        return QuantizedLinear(self._weight(prefixes, layers[0], in_features, out_features), biases, kernel, format,
-                               sum(out_features))
+        weight = self._weight(prefixes, layers[0], in_features, out_features)
+        format = format_of(weight)
+        return QuantizedLinear(weight, biases, getattr(self.ops, f"{format}_linear"), format, sum(out_features))
 
     def _weight(self, prefixes, layer, in_features, out_features):
         name = prefixes[0]
         cached = self.cache.load(name)
         if cached is not None:
-            return self.backend.restore(layer.scheme, cached)
+            return self.backend.restore(cached)
         stored = read_stored_linear(self.files, prefixes, layer, out_features, in_features)
-        weight = self.backend.build(stored)
-        weight = self.backend.restore(layer.scheme, self.cache.store(name, weight.tensors()))
-        self._freed_bytes += sum(t.numel() * t.element_size() for t in (stored.values, stored.packed) if t is not None)
+        weight = self.backend.build(stored, self.activation_quant)
+        weight = self.backend.restore(self.cache.store(name, weight.tensors()))
+        self._freed_bytes += sum(t.numel() * t.element_size() for t in (stored.values, stored.packed, stored.float_values)
+                                 if t is not None)
         del stored
         if self._freed_bytes >= _TRIM_EVERY_BYTES:
             _return_freed_memory()

@@ -1,4 +1,4 @@
-"""`shrike quantize`: a bf16/fp32 checkpoint in, a compressed-tensors W4A8 or W8A8 checkpoint out."""
+"""`shrike quantize`: a bf16/fp32 checkpoint in, a compressed-tensors W4A8, W8A8, W4A16 or W8A16 checkpoint out."""
 from __future__ import annotations
 
 import argparse
@@ -12,7 +12,8 @@ from tqdm import tqdm
 from shrike.errors import ConfigError
 from shrike.model.config import ModelConfig
 from shrike.quantization.compressed_tensors_format import (
-    check_format, matches_any, pack_int4, quantization_config, stored_tensor_names, stored_tensor_specs)
+    check_format, default_format, matches_any, pack_int, quantization_config, stored_tensor_names,
+    stored_tensor_specs)
 from shrike.quantization.quantizer import quantize_weight
 from shrike.quantization.safetensors_io import (
     DTYPES_BY_CODE, CheckpointFiles, StreamingSafetensorsWriter, TensorSpec)
@@ -28,9 +29,12 @@ _NOT_COPIED = ("config.json", "model.safetensors.index.json")
 def add_quantize_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("src", type=Path, help="model directory with bf16/fp16/fp32 safetensors")
     p.add_argument("dst", type=Path, help="output directory (created; must not hold a checkpoint already)")
-    p.add_argument("--scheme", required=True, choices=list(SCHEMES))
-    p.add_argument("--format", default="pack-quantized", choices=["pack-quantized", "int-quantized"],
-                   help="int4 packed in int32 words (default), or one integer per int8")
+    p.add_argument("--scheme", required=True, choices=list(SCHEMES),
+                   help="w4a8-gG / w8a8: int4 per group of G or int8 per channel, with dynamic int8 activations; "
+                   "w4a16-gG / w8a16: the same weights with 16-bit activations (weight-only, more accurate)")
+    p.add_argument("--format", default=None, choices=["pack-quantized", "int-quantized"],
+                   help="integers packed in int32 words, or one per int8 (default: pack-quantized for int4, "
+                   "int-quantized for int8, as llm-compressor writes them)")
     p.add_argument("--ignore", nargs="*", default=["lm_head"], metavar="LAYER",
                    help="linear layers kept unquantized: names or 're:' regexes (default: lm_head)")
     p.add_argument("--clip-search", action="store_true",
@@ -44,13 +48,14 @@ def linear_prefixes(config: ModelConfig) -> list[str]:
     return [f"model.layers.{i}.{name}" for i in range(config.num_layers) for name in LINEAR_NAMES]
 
 
-def quantize_checkpoint(src: Path, dst: Path, scheme: QuantScheme, fmt: str = "pack-quantized",
+def quantize_checkpoint(src: Path, dst: Path, scheme: QuantScheme, fmt: str | None = None,
                         ignore: list[str] = ("lm_head",), clip_search: bool = False, calibration_text: str | None = None,
                         progress: bool = True) -> None:
     config = ModelConfig.from_dir(src)
     if config.quantization_config is not None:
         raise ConfigError(f"{src} is already quantized ({config.quantization_config.get('quant_method')}); "
                           "quantize an unquantized checkpoint")
+    fmt = fmt or default_format(scheme)
     check_format(scheme, fmt)
     if not config.tie_word_embeddings and not matches_any("lm_head", list(ignore)):
         raise ConfigError("quantizing lm_head is not supported; keep lm_head in --ignore")
@@ -64,10 +69,11 @@ def quantize_checkpoint(src: Path, dst: Path, scheme: QuantScheme, fmt: str = "p
     transforms, input_power = {}, {}
     if calibration_text is not None:
         maxima = input_absmax(src, calibration_text)
-        transforms = smoothing_transforms(files, config, maxima)
+        # Smoothing moves activation outliers into the weights: a gain only when activations are quantized.
+        transforms = {} if scheme.weight_only else smoothing_transforms(files, config, maxima)
         # Smoothing divides each channel's activations by the factor its weight column is multiplied by.
         input_power = {prefix: (maxima[_input_owner(prefix)] / transforms[f"{prefix}.weight"][0]).square()
-                       for prefix in targets}
+                       if transforms else maxima[_input_owner(prefix)].square() for prefix in targets}
 
     target_weights = {f"{p}.weight": p for p in targets}
     specs: list[TensorSpec] = []
@@ -96,7 +102,7 @@ def quantize_checkpoint(src: Path, dst: Path, scheme: QuantScheme, fmt: str = "p
         if f"{name}.weight" in transforms:
             weight = apply_transform(weight, transforms[f"{name}.weight"])
         values, scales = quantize_weight(weight, scheme, weight.dtype, clip_search, input_power.get(name))
-        tensors = [pack_int4(values), scales, torch.tensor(values.shape, dtype=torch.int64)] \
+        tensors = [pack_int(values, scheme.weight_bits), scales, torch.tensor(values.shape, dtype=torch.int64)] \
             if fmt == "pack-quantized" else [values, scales]
         for stored_name, tensor in zip(stored_tensor_names(name, fmt), tensors):
             writer.write(stored_name, tensor)

@@ -62,8 +62,9 @@ class ReferenceW4A8Weight:
         return {"values": self.values, "scale": self.scale}
 
     @classmethod
-    def from_tensors(cls, tensors: dict[str, torch.Tensor], group_size: int) -> "ReferenceW4A8Weight":
-        return cls(tensors["values"], tensors["scale"], group_size)
+    def from_tensors(cls, tensors: dict[str, torch.Tensor]) -> "ReferenceW4A8Weight":
+        values, scale = tensors["values"], tensors["scale"]
+        return cls(values, scale, values.shape[1] // scale.shape[1])
 
 
 @dataclass
@@ -77,6 +78,40 @@ class ReferenceW8A8Weight:
     @classmethod
     def from_tensors(cls, tensors: dict[str, torch.Tensor]) -> "ReferenceW8A8Weight":
         return cls(tensors["values"], tensors["scale"])
+
+
+@dataclass
+class ReferenceWeightOnlyWeight:
+    """W4A16 / W8A16: the dequantized weight in the kernel's column order, and that order."""
+
+    weight: torch.Tensor  # (N, K) fp32, exactly the values the kernel multiplies by
+    perm: torch.Tensor | None  # (K,) int64: column j multiplies x[:, perm[j]]
+
+    @classmethod
+    def build(cls, values: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, bits: int, group_size: int,
+              perm: torch.Tensor | None) -> "ReferenceWeightOnlyWeight":
+        from shrike import kernels
+        packed = kernels.WeightOnlyWeight.from_int8(values, scale, zero, bits, group_size, perm)
+        return cls(packed.dequantize(), None if perm is None else perm.to(torch.int64))
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        out = {"weight": self.weight, "offset": torch.zeros(0)}  # "offset": the weight-only marker of the cache
+        if self.perm is not None:
+            out["perm"] = self.perm
+        return out
+
+    @classmethod
+    def from_tensors(cls, tensors: dict[str, torch.Tensor]) -> "ReferenceWeightOnlyWeight":
+        return cls(tensors["weight"], tensors.get("perm"))
+
+
+def weight_only_linear(x: torch.Tensor, weight: ReferenceWeightOnlyWeight, bias: torch.Tensor | None,
+                       out: torch.Tensor) -> None:
+    """The weight-only kernel's math: dense_linear on the dequantized weight, inputs in its column order."""
+    from shrike.ops import dense_linear_reference
+    if weight.perm is not None:
+        x = x.index_select(1, weight.perm)
+    dense_linear_reference(x, weight.weight, None if bias is None else bias.float(), out)
 
 
 def _fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:

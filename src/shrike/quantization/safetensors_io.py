@@ -17,7 +17,8 @@ import torch
 from shrike.errors import ConfigError
 
 DTYPE_CODES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32", torch.int8: "I8",
-               torch.uint8: "U8", torch.int32: "I32", torch.int64: "I64"}
+               torch.uint8: "U8", torch.int32: "I32", torch.int64: "I64",
+               torch.float8_e4m3fn: "F8_E4M3"}
 DTYPES_BY_CODE = {code: dtype for dtype, code in DTYPE_CODES.items()}
 
 

@@ -1,4 +1,5 @@
-"""The weight quantization schemes Shrike runs: int4 per group (W4A8) and int8 per channel (W8A8)."""
+"""The weight quantization schemes `shrike quantize` writes and the int8 kernels run: int4 per group and
+int8 per channel, with dynamic int8 activations (W4A8, W8A8) or 16-bit ones (W4A16, W8A16)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -12,10 +13,12 @@ W4A8_GROUP_SIZES = (128, 64, 32)
 class QuantScheme:
     weight_bits: int  # 4 or 8, symmetric
     group_size: int | None  # input features sharing one scale; None: one scale per output channel
+    weight_only: bool = False  # True: activations stay 16-bit (W4A16 / W8A16)
 
     @property
     def name(self) -> str:
-        return f"w4a8-g{self.group_size}" if self.weight_bits == 4 else "w8a8"
+        acts = "a16" if self.weight_only else "a8"
+        return f"w4{acts}-g{self.group_size}" if self.weight_bits == 4 else f"w8{acts}"
 
     @property
     def max_level(self) -> int:
@@ -25,14 +28,14 @@ class QuantScheme:
     def check_in_features(self, in_features: int, layer: str) -> None:
         if self.group_size is not None and in_features % self.group_size:
             usable = [g for g in W4A8_GROUP_SIZES if in_features % g == 0]
-            hint = f"; use {' or '.join(f'w4a8-g{g}' for g in usable)}" if usable else ""
+            acts = "a16" if self.weight_only else "a8"
+            hint = f"; use {' or '.join(f'w4{acts}-g{g}' for g in usable)}" if usable else ""
             raise ConfigError(f"{self.name} needs input features divisible by {self.group_size}, "
                               f"but {layer} has {in_features}{hint}")
 
 
-SCHEMES = {s.name: s for s in [QuantScheme(4, g) for g in W4A8_GROUP_SIZES] + [QuantScheme(8, None)]}
-SUPPORTED_SCHEMES_TEXT = ("symmetric int4 weights per group of 128, 64 or 32 with dynamic int8 activations (W4A8), "
-                          "or symmetric int8 weights per output channel with dynamic per-token int8 activations (W8A8)")
+SCHEMES = {s.name: s for only in (False, True)
+           for s in [QuantScheme(4, g, only) for g in W4A8_GROUP_SIZES] + [QuantScheme(8, None, only)]}
 
 
 def scheme_from_name(name: str) -> QuantScheme:

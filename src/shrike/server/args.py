@@ -72,6 +72,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lm-head-quant", default="none", choices=["none", "int8"],
                         help="none: the lm_head keeps the checkpoint's precision (default); "
                         "int8: quantized per vocabulary row at load (half the bytes of bf16, slightly less accurate)")
+    parser.add_argument("--activation-quant", default="none", choices=["none", "int8"],
+                        help="weight-only (W4A16 / W8A16) checkpoints: none keeps activations in 16 bits (default, accurate); "
+                        "int8 quantizes them per token for the W4A8 / W8A8 int8 kernels (faster, less accurate)")
     parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "bfloat16", "float32", "int8"],
                         help="KV-cache element type (default: the activations' dtype); int8: values quantized per "
                         "token and KV head, about half the bytes of bfloat16")

@@ -63,7 +63,7 @@ def build_server_context(args: argparse.Namespace, tool_parser_class: type | Non
         chat_template=args.chat_template, cpu_threads=args.cpu_threads, cpu_bind=args.cpu_bind,
         enable_prefix_caching=args.enable_prefix_caching, kv_cache_dtype=args.kv_cache_dtype,
         kernel_backend=args.kernel_backend, lm_head_quant=args.lm_head_quant,
-        speculative_config=args.speculative_config))
+        speculative_config=args.speculative_config, activation_quant=args.activation_quant))
     defaults = SamplingDefaults.for_model(engine.model_dir, args.generation_config)
     names = args.served_model_name or [args.model or DEFAULT_GGUF_FILE.split(".")[0]]
     metrics = ServerMetrics(names[0], lambda: async_engine.load)
