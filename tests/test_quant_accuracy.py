@@ -23,10 +23,16 @@ from shrike.quantization.quantize_checkpoint import quantize_checkpoint
 from shrike.quantization.schemes import SCHEMES
 from shrike.sampling.params import SamplingParams
 
+from greedy_ties import greedy_gaps
+
 TEXT = Path(__file__).parent / "data" / "public_domain_english.txt"
 CONTEXT = 512
 CALIBRATION = Path(__file__).parent / "data" / "calibration_bill_of_rights.txt"
 W4A8_G64_MAX_RATIO = 1.90  # measured 1.842, plus a margin
+# Greedy tokens of the kernel path must be the reference path's choice or lose to it by at most this many
+# logits (and the other way round). Measured largest gap: w8a8 0.0, w4a8-g64 0.54 (an activation rounding
+# step of a 4-bit 576-wide model).
+TIE_MARGIN = {"w8a8": 0.5, "w4a8-g64": 1.0}
 # The issue asks for 95%; measured 89.9% (see the module docstring), so this guards what is reached.
 W8A8_MIN_AGREEMENT = 0.88
 
@@ -102,7 +108,8 @@ def test_kernel_and_reference_paths_agree(quantized, cache_dir, name):
     assert (a.argmax(-1) == r.argmax(-1)).float().mean() >= 0.85
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     tokens = {b: e.generate([prompt], params)[0][0].token_ids for b, e in engines.items()}
-    # W4A8-G64 (4-bit weights, int8 activations of a 576-wide model) is the most sensitive: on this prompt the
-    # reference's rounding flips one activation step enough that greedy decoding parts after 5 tokens.
-    same = {"w8a8": 12, "w4a8-g64": 5}[name]
-    assert tokens["auto"][:same] == tokens["reference"][:same] and len(tokens["auto"]) == 12
+    assert len(tokens["auto"]) == 12
+    # Each path's greedy tokens are (up to a near-tie) the other path's choices too.
+    gaps = torch.cat([greedy_gaps(engines["reference"].runner.model, prompt, tokens["auto"]),
+                      greedy_gaps(engines["auto"].runner.model, prompt, tokens["reference"])])
+    assert gaps.max() <= TIE_MARGIN[name], gaps

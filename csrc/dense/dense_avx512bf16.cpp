@@ -7,8 +7,6 @@
 // above ~1e-38) it gives the reference's bits.
 #include <immintrin.h>
 
-#include <type_traits>
-
 #include "dense/dense_kernels.h"
 
 namespace shrike::avx512bf16 {
@@ -106,36 +104,14 @@ void block(const DenseProblem& p, int64_t r0, int64_t c0) {
     block_fma<RB, CB, XT, WT>(p, r0, c0);
 }
 
-// Rows in blocks of 4 (each weight load feeds 4 rows), outputs in blocks of 4; one row (decode)
-// takes 8 outputs at a time so enough loads are in flight.
-template <typename XT, typename WT>
-void typed(const DenseProblem& p, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
-  if (r1 - r0 == 1) {
-    int64_t c = c0;
-    for (; c + 8 <= c1; c += 8) block<1, 8, XT, WT>(p, r0, c);
-    for (; c < c1; ++c) block<1, 1, XT, WT>(p, r0, c);
-    return;
-  }
-  auto rows = [&](auto cb, int64_t c) {
-    constexpr int CB = decltype(cb)::value;
-    int64_t r = r0;
-    for (; r + 4 <= r1; r += 4) block<4, CB, XT, WT>(p, r, c);
-    switch (r1 - r) {
-      case 3: block<3, CB, XT, WT>(p, r, c); break;
-      case 2: block<2, CB, XT, WT>(p, r, c); break;
-      case 1: block<1, CB, XT, WT>(p, r, c); break;
-      default: break;
-    }
-  };
-  int64_t c = c0;
-  for (; c + 4 <= c1; c += 4) rows(std::integral_constant<int, 4>{}, c);
-  for (; c < c1; ++c) rows(std::integral_constant<int, 1>{}, c);
-}
-
 }  // namespace
 
 void dense_block(const DenseProblem& p, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
-  with_dtypes(p, [&](auto x, auto w) { typed<decltype(x), decltype(w)>(p, r0, r1, c0, c1); });
+  with_dtypes(p, [&](auto x, auto w) {
+    walk_4x4(r0, r1, c0, c1, [&](auto rows, auto cols, int64_t r, int64_t c) {
+      block<decltype(rows)::value, decltype(cols)::value, decltype(x), decltype(w)>(p, r, c);
+    });
+  });
 }
 
 }  // namespace shrike::avx512bf16

@@ -12,16 +12,12 @@
 //   y = acc[0] + bias[c], rounded once to the output dtype.
 #pragma once
 #include <cstdint>
-#include <type_traits>
 
 #include "common/bf16.h"
 #include "common/dtype.h"
+#include "common/register_blocks.h"
 
 namespace shrike {
-
-// Before each loop over a register block: fully unrolled, the accumulators stay in registers
-// (GCC otherwise keeps a stack copy of them up to date on every step).
-#define SHRIKE_UNROLL _Pragma("GCC unroll 16")
 
 constexpr int64_t kDenseBlockK = 32;
 constexpr int kDenseLanes = 16;
@@ -69,32 +65,6 @@ inline void with_dtypes(const DenseProblem& p, Typed typed) {
   typed(bf16{}, bf16{});
 }
 
-template <int N>
-using DenseCount = std::integral_constant<int, N>;
-
-// The register-block walk of the variants with 2 x 2 blocks (AVX2, NEON): one row (decode) takes
-// 4 outputs at a time; more rows take 2 x 2 blocks, then the remainders.
-// block(DenseCount<ROWS>{}, DenseCount<COLS>{}, r, c) computes rows [r, r + ROWS) x outputs [c, c + COLS).
-template <typename Block>
-inline void walk_2x2(int64_t r0, int64_t r1, int64_t c0, int64_t c1, Block block) {
-  if (r1 - r0 == 1) {
-    int64_t c = c0;
-    for (; c + 4 <= c1; c += 4) block(DenseCount<1>{}, DenseCount<4>{}, r0, c);
-    for (; c < c1; ++c) block(DenseCount<1>{}, DenseCount<1>{}, r0, c);
-    return;
-  }
-  int64_t c = c0;
-  for (; c + 2 <= c1; c += 2) {
-    int64_t r = r0;
-    for (; r + 2 <= r1; r += 2) block(DenseCount<2>{}, DenseCount<2>{}, r, c);
-    if (r < r1) block(DenseCount<1>{}, DenseCount<2>{}, r, c);
-  }
-  if (c < c1) {
-    int64_t r = r0;
-    for (; r + 2 <= r1; r += 2) block(DenseCount<2>{}, DenseCount<1>{}, r, c);
-    if (r < r1) block(DenseCount<1>{}, DenseCount<1>{}, r, c);
-  }
-}
 }  // namespace
 
 }  // namespace shrike

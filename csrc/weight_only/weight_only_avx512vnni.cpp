@@ -3,8 +3,6 @@
 // and dequantized with one fma each; then the dense reference order with FMA.
 #include <immintrin.h>
 
-#include <type_traits>
-
 #include "weight_only/weight_only_kernels.h"
 
 namespace shrike::avx512vnni {
@@ -78,39 +76,14 @@ void block(const WeightOnlyProblem& p, int64_t r0, int64_t c0) {
     SHRIKE_UNROLL for (int c = 0; c < CB; ++c) weight_only_store(p, r0 + r, c0 + c, reduce16(acc[r][c]));
 }
 
-// One row (decode) takes 8 outputs at a time so enough weight loads are in flight; more rows
-// go in blocks of 4 rows x 4 outputs.
-template <typename XT, int BITS>
-void typed(const WeightOnlyProblem& p, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
-  if (r1 - r0 == 1) {
-    int64_t c = c0;
-    for (; c + 8 <= c1; c += 8) block<1, 8, XT, BITS>(p, r0, c);
-    for (; c < c1; ++c) block<1, 1, XT, BITS>(p, r0, c);
-    return;
-  }
-  auto rows = [&](auto cb, int64_t c) {
-    constexpr int CB = decltype(cb)::value;
-    int64_t r = r0;
-    for (; r + 4 <= r1; r += 4) block<4, CB, XT, BITS>(p, r, c);
-    switch (r1 - r) {
-      case 3: block<3, CB, XT, BITS>(p, r, c); break;
-      case 2: block<2, CB, XT, BITS>(p, r, c); break;
-      case 1: block<1, CB, XT, BITS>(p, r, c); break;
-      default: break;
-    }
-  };
-  int64_t c = c0;
-  for (; c + 4 <= c1; c += 4) rows(std::integral_constant<int, 4>{}, c);
-  for (; c < c1; ++c) rows(std::integral_constant<int, 1>{}, c);
-}
-
 }  // namespace
 
 void weight_only_block(const WeightOnlyProblem& p, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
-  const bool xf = p.x_dtype == DType::f32;
-  if (p.w.bits == 4)
-    return xf ? typed<float, 4>(p, r0, r1, c0, c1) : typed<bf16, 4>(p, r0, r1, c0, c1);
-  return xf ? typed<float, 8>(p, r0, r1, c0, c1) : typed<bf16, 8>(p, r0, r1, c0, c1);
+  with_weight_only_types(p, [&](auto x, auto bits) {
+    walk_4x4(r0, r1, c0, c1, [&](auto rows, auto cols, int64_t r, int64_t c) {
+      block<decltype(rows)::value, decltype(cols)::value, decltype(x), decltype(bits)::value>(p, r, c);
+    });
+  });
 }
 
 }  // namespace shrike::avx512vnni

@@ -6,14 +6,10 @@
 
 #include "common/bf16.h"
 #include "common/dtype.h"
+#include "common/register_blocks.h"
 #include "weight_only/weight_only.h"
 
 namespace shrike {
-
-#ifndef SHRIKE_UNROLL
-// Before each loop over a register block: fully unrolled, the accumulators stay in registers.
-#define SHRIKE_UNROLL _Pragma("GCC unroll 16")
-#endif
 
 struct WeightOnlyProblem {
   const void* x;  // (m, k), columns already in W's order
@@ -44,6 +40,14 @@ inline void weight_only_store(const WeightOnlyProblem& p, int64_t r, int64_t c, 
     static_cast<float*>(p.out)[r * p.w.n + c] = y;
   else
     static_cast<bf16*>(p.out)[r * p.w.n + c] = float_to_bf16(y);
+}
+
+// The call's activation type and weight bits as values: typed(XT{}, BlockCount<BITS>{}).
+template <typename Typed>
+inline void with_weight_only_types(const WeightOnlyProblem& p, Typed typed) {
+  const bool xf = p.x_dtype == DType::f32;
+  if (p.w.bits == 4) return xf ? typed(float{}, BlockCount<4>{}) : typed(bf16{}, BlockCount<4>{});
+  return xf ? typed(float{}, BlockCount<8>{}) : typed(bf16{}, BlockCount<8>{});
 }
 
 // Index of the (scale, offset) pair of output c for the K block starting at b.
