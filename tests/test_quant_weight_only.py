@@ -42,7 +42,8 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):", "Water boils at a te
            "The largest planet in the solar system is", "Once upon a time", "The Declaration of Independence was signed in",
            "import numpy as np\n", "Photosynthesis is the process"]
 TEXT = Path(__file__).parent / "data" / "public_domain_english.txt"
-W8A16_TIE_MARGIN = 99.0
+# Logits by which W8A16 and bf16 may prefer each other's greedy tokens (measured largest gap: 0.40).
+W8A16_TIE_MARGIN = 0.75
 
 
 def _copy_non_weights(src: Path, dst: Path) -> None:
@@ -219,7 +220,6 @@ def test_w8a16_greedy_text_follows_bf16(default_model_dir, full_w8a16):
     texts = {name: _greedy(path, PROMPTS) for name, path in paths.items()}
     gaps = [greedy_gaps(models[other], tokenizer.encode(prompt), texts[name][i])
             for name, other in (("w8a16", "bf16"), ("bf16", "w8a16")) for i, prompt in enumerate(PROMPTS)]
-    print([round(g.max().item(), 3) for g in gaps])
     assert max(g.max() for g in gaps) <= W8A16_TIE_MARGIN, gaps
 
 
