@@ -101,14 +101,20 @@ def _cpu_seconds(pid: int) -> float:
 
 
 def test_an_idle_server_uses_almost_no_cpu(default_model_dir, tmp_path):
-    """After serving a request, the kernel workers and the engine loop go to sleep."""
-    with running_server(default_model_dir, tmp_path / "serve.log") as server:
-        response = httpx.post(f"{server.base_url}/v1/completions", timeout=120,
-                              json={"model": SERVED_NAME, "prompt": "Hello", "max_tokens": 4})
+    """After serving a request, the kernel workers and the engine loop go to sleep; the idle keep-alive
+    connection stays open past the 5 s after which httpx clients drop theirs (serve.KEEP_ALIVE_SECONDS)."""
+    limits = httpx.Limits(keepalive_expiry=60)
+    with running_server(default_model_dir, tmp_path / "serve.log") as server, \
+            httpx.Client(base_url=server.base_url, timeout=120, limits=limits) as client:
+        response = client.post("/v1/completions", json={"model": SERVED_NAME, "prompt": "Hello", "max_tokens": 4})
         assert response.status_code == 200
-        time.sleep(1.0)
+        connection = response.extensions["network_stream"]
+        time.sleep(3.0)
         window = 3.0
         before = _cpu_seconds(server.process.pid)
         time.sleep(window)
         used_ms_per_s = (_cpu_seconds(server.process.pid) - before) * 1000 / window
+        # Had the server closed the connection after 5 idle seconds, httpx would open a new one.
+        response = client.get("/health")
+        assert response.status_code == 200 and response.extensions["network_stream"] is connection
     assert used_ms_per_s < 20, f"idle server used {used_ms_per_s:.1f} ms of CPU per second"

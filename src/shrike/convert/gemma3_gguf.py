@@ -10,7 +10,6 @@ and so does this.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 
 import torch
@@ -18,33 +17,21 @@ from gguf import Keys, ReaderTensor
 
 from shrike.convert.gguf_metadata import GGUFMetadata, float32_value
 from shrike.convert.llama_config import rope_scaling_config
-from shrike.convert.llama_weights import dequantized
+from shrike.convert.llama_weights import LAYER_NAMES, dequantized, hf_tensor_name
 
 _SLIDING_WINDOW_PATTERN = 6
 _LOCAL_ROPE_BASE = 10000.0
 _LAYERS_OF_27B = 62  # the one size whose query scale is not 1/sqrt(head_dim)
 
-_GLOBAL_NAMES = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-}
+# Llama's layer parts, plus Gemma's four norms per layer and its q/k norms.
 _LAYER_NAMES = {
-    "attn_norm": "input_layernorm",
+    **LAYER_NAMES,
     "post_attention_norm": "post_attention_layernorm",
     "ffn_norm": "pre_feedforward_layernorm",
     "post_ffw_norm": "post_feedforward_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
     "attn_q_norm": "self_attn.q_norm",
     "attn_k_norm": "self_attn.k_norm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
 }
-_LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.weight")
 
 
 def gemma3_config(meta: GGUFMetadata, vocab_size: int, has_output_weight: bool) -> dict:
@@ -88,18 +75,6 @@ def gemma3_config(meta: GGUFMetadata, vocab_size: int, has_output_weight: bool) 
     return config
 
 
-def _hf_name(gguf_name: str) -> str:
-    if gguf_name in _GLOBAL_NAMES:
-        return _GLOBAL_NAMES[gguf_name]
-    match = _LAYER_TENSOR.fullmatch(gguf_name)
-    if match and match.group(2) in _LAYER_NAMES:
-        return f"model.layers.{match.group(1)}.{_LAYER_NAMES[match.group(2)]}.weight"
-    raise ValueError(
-        f"GGUF tensor {gguf_name!r} has no place in a Gemma 3 text model; supported tensors are "
-        f"{', '.join(_GLOBAL_NAMES)} and blk.N.{{{','.join(_LAYER_NAMES)}}}.weight"
-    )
-
-
 def _expected_shapes(config: dict) -> dict[str, tuple[int, ...]]:
     hidden, ffn, head_dim = config["hidden_size"], config["intermediate_size"], config["head_dim"]
     q_rows, kv_rows = config["num_attention_heads"] * head_dim, config["num_key_value_heads"] * head_dim
@@ -124,7 +99,7 @@ def convert_gemma3_tensors(tensors: Iterable[ReaderTensor], config: dict) -> dic
     shapes = _expected_shapes(config)
     converted: dict[str, torch.Tensor] = {}
     for tensor in tensors:
-        name = _hf_name(tensor.name)
+        name = hf_tensor_name(tensor.name, _LAYER_NAMES, "a Gemma 3 text model")
         if name not in shapes:
             raise ValueError(f"GGUF tensor {tensor.name!r} does not fit the model described by the file's metadata")
         weight = torch.from_numpy(dequantized(tensor))

@@ -11,12 +11,12 @@ from gguf import GGMLQuantizationType, ReaderTensor
 from gguf import quants as gguf_quants
 from gguf.quants import dequantize
 
-_GLOBAL_NAMES = {
+GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
-_LAYER_NAMES = {
+LAYER_NAMES = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
     "attn_q": "self_attn.q_proj",
@@ -30,17 +30,19 @@ _LAYER_NAMES = {
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.weight")
 
 
-def hf_tensor_name(gguf_name: str) -> str:
-    if gguf_name in _GLOBAL_NAMES:
-        return _GLOBAL_NAMES[gguf_name]
+def hf_tensor_name(gguf_name: str, layer_names: dict[str, str] = LAYER_NAMES,
+                   model: str = "a plain Llama model") -> str:
+    """The Hugging Face name of a GGUF tensor; layer_names maps blk.N.<part> to the model's layer parts."""
+    if gguf_name in GLOBAL_NAMES:
+        return GLOBAL_NAMES[gguf_name]
     match = _LAYER_TENSOR.fullmatch(gguf_name)
-    if match and match.group(2) in _LAYER_NAMES:
-        return f"model.layers.{match.group(1)}.{_LAYER_NAMES[match.group(2)]}.weight"
+    if match and match.group(2) in layer_names:
+        return f"model.layers.{match.group(1)}.{layer_names[match.group(2)]}.weight"
     if gguf_name == "rope_freqs.weight":
         raise ValueError("this GGUF uses Llama 3.1-style RoPE frequency scaling (rope_freqs), which is not supported")
     raise ValueError(
-        f"GGUF tensor {gguf_name!r} has no place in a plain Llama model; supported tensors are "
-        f"{', '.join(_GLOBAL_NAMES)} and blk.N.{{{','.join(_LAYER_NAMES)}}}.weight"
+        f"GGUF tensor {gguf_name!r} has no place in {model}; supported tensors are "
+        f"{', '.join(GLOBAL_NAMES)} and blk.N.{{{','.join(layer_names)}}}.weight"
     )
 
 

@@ -27,6 +27,10 @@ logger = logging.getLogger("shrike.server")
 
 # Once draining is over: how long uvicorn waits for connections to close before cancelling them.
 CONNECTION_CLOSE_SECONDS = 2
+# How long an idle keep-alive connection stays open. Longer than the 5 s after which httpx (so the openai
+# client) drops idle connections itself: with equal timeouts a client can send its next request on a
+# connection in the very moment the server closes it, and that request fails with a read error.
+KEEP_ALIVE_SECONDS = 15
 
 
 def serve_main(args: argparse.Namespace) -> int:
@@ -42,7 +46,8 @@ def serve_main(args: argparse.Namespace) -> int:
     app = build_app(ctx, log_stats=not args.disable_log_stats,
                     startup_message=_startup_line(ctx, engine, host, port, args.generation_config, args.web_ui),
                     web_ui=args.web_ui)
-    server = DrainingServer(uvicorn.Config(app, log_config=None, timeout_graceful_shutdown=CONNECTION_CLOSE_SECONDS),
+    server = DrainingServer(uvicorn.Config(app, log_config=None, timeout_graceful_shutdown=CONNECTION_CLOSE_SECONDS,
+                                           timeout_keep_alive=KEEP_ALIVE_SECONDS),
                             ctx.drain, args.shutdown_timeout, async_engine.stop)
     # uvicorn re-raises the signal it stopped for once it has put back the previous handlers;
     # a requested stop is a success, so those handlers let it pass and we exit 0.
