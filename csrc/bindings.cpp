@@ -53,7 +53,7 @@ NB_MODULE(_C, m) {
     nb::dict d;
     d["avx2"] = f.avx2; d["fma"] = f.fma; d["f16c"] = f.f16c; d["avx_vnni"] = f.avx_vnni;
     d["avx512_vnni"] = f.avx512_vnni; d["asimddp"] = f.asimddp; d["i8mm"] = f.i8mm;
-    d["avx512_bf16"] = f.avx512_bf16; d["amx_int8"] = f.amx_int8;
+    d["avx512_bf16"] = f.avx512_bf16; d["amx"] = f.amx;
     d["sve"] = f.sve; d["sve2"] = f.sve2; d["bf16"] = f.bf16;
     return d;
   });

@@ -49,9 +49,10 @@ CpuFeatures detect() {
       // F (b16), DQ (b17), BW (b30), VL (b31)
       f.avx512 = zmm_enabled && (b & (1u << 16)) && (b & (1u << 17)) && (b & (1u << 30)) && (b & (1u << 31));
       f.avx512_vnni = f.avx512 && (c & (1u << 11));
-      // AMX-TILE (d24), AMX-INT8 (d25); XCR0 bits 17-18 are the tile config and data states.
-      bool amx_cpu = (d & (1u << 24)) && (d & (1u << 25)) && (xcr0 & 0x60000) == 0x60000;
-      f.amx_int8 = f.avx512_vnni && amx_cpu && request_amx_state();
+      // AMX-BF16 (d22), AMX-TILE (d24), AMX-INT8 (d25); XCR0 bits 17-18 are the tile config and data
+      // states. Every AMX CPU so far has both data types, so one level covers them.
+      bool amx_cpu = (d & (1u << 22)) && (d & (1u << 24)) && (d & (1u << 25)) && (xcr0 & 0x60000) == 0x60000;
+      f.amx = f.avx512_vnni && amx_cpu && request_amx_state();
       if (__get_cpuid_count(7, 1, &a, &b, &c, &d)) {
         f.avx_vnni = a & (1u << 4);
         f.avx512_bf16 = f.avx512 && (a & (1u << 5));
@@ -95,7 +96,7 @@ bool cpu_runs(Isa isa) {
     case Isa::avxvnni: return f.avx2 && f.fma && f.f16c && f.avx_vnni;
     case Isa::avx512vnni: return f.avx2 && f.fma && f.f16c && f.avx512_vnni;
     case Isa::avx512bf16: return f.avx2 && f.fma && f.f16c && f.avx512_vnni && f.avx512_bf16;
-    case Isa::amx: return f.avx2 && f.fma && f.f16c && f.avx512_vnni && f.avx512_bf16 && f.amx_int8;
+    case Isa::amx: return f.avx2 && f.fma && f.f16c && f.avx512_vnni && f.avx512_bf16 && f.amx;
     case Isa::dotprod: return f.asimddp;
     case Isa::i8mm: return f.asimddp && f.i8mm;
     case Isa::sve2: return f.sve2 && f.i8mm;

@@ -6,7 +6,7 @@ namespace shrike {
 
 // Levels, best last within each architecture. On x86 each level includes the ones before it:
 // avxvnni = AVX2 + VEX vpdpbusd; avx512vnni = AVX-512 F/BW/VL/DQ + vpdpbusd; avx512bf16 adds
-// vdpbf16ps; amx adds the AMX-INT8 tile unit (Linux: the process must be granted the tile
+// vdpbf16ps; amx adds the AMX tile unit with INT8 and BF16 (Linux: the process must be granted the tile
 // state, which detection requests). An op without a variant of its own at a level runs its best variant below it
 // (isa_at_least), so forcing a level with SHRIKE_ISA never selects code the CPU cannot run.
 enum class Isa : int {
@@ -19,7 +19,7 @@ struct CpuFeatures {
   bool avx2 = false, fma = false, f16c = false, avx_vnni = false;
   bool avx512 = false;  // F, BW, VL, DQ with the OS saving zmm state
   bool avx512_vnni = false, avx512_bf16 = false;
-  bool amx_int8 = false;  // AMX-TILE + AMX-INT8, tile state enabled by the OS and granted to this process
+  bool amx = false;  // AMX-TILE + AMX-INT8 + AMX-BF16, tile state enabled by the OS and granted to this process
   // aarch64
   bool asimddp = false, i8mm = false, sve = false, sve2 = false, bf16 = false;
 };
