@@ -1,6 +1,7 @@
-// Per-core int8 dot-product peak of this x86 CPU, for stating kernel efficiency: the clock from
-// a dependent imul chain (3 cycles each), and the throughput of 512-bit vpdpbusd (AVX-512 VNNI)
-// and 256-bit VEX vpdpbusd (AVX-VNNI) on 12 independent accumulators. Best of many short
+// Per-core int8 (and bf16) multiply-add peak of this x86 CPU, for stating kernel efficiency: the
+// clock from a dependent imul chain (3 cycles each), the throughput of 512-bit vpdpbusd (AVX-512
+// VNNI) and 256-bit VEX vpdpbusd (AVX-VNNI) on 12 independent accumulators, and on AMX CPUs of
+// tdpbssd (int8) and tdpbf16ps (bf16) on 4 independent accumulator tiles. Best of many short
 // rounds, so other processes on a shared machine mostly drop out.
 //   g++ -O3 benchmarks/int8_peak.cpp -o /tmp/int8_peak && /tmp/int8_peak
 #include <immintrin.h>
@@ -9,6 +10,9 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 namespace {
 using Clock = std::chrono::steady_clock;
@@ -60,6 +64,41 @@ __attribute__((target("avx2,avxvnni"))) double ymm_per_second(long iterations) {
   return iterations * 12.0 / seconds;
 }
 
+struct alignas(64) TileConfig {
+  uint8_t palette_id, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+// Linux grants the tile data state on request (ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA).
+bool amx_granted() { return syscall(SYS_arch_prctl, 0x1023, 18) == 0; }
+
+// Tile instructions per second: 4 accumulators (tmm0-3), each updated from tmm4/5 x tmm6/7.
+template <bool BF16>
+__attribute__((target("amx-tile,amx-int8,amx-bf16"))) double tiles_per_second(long iterations) {
+  TileConfig config{};
+  config.palette_id = 1;
+  for (int i = 0; i < 8; ++i) config.rows[i] = 16, config.colsb[i] = 64;
+  _tile_loadconfig(&config);
+  alignas(64) static int8_t operand[16 * 64];
+  std::memset(operand, 1, sizeof operand);
+  _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+  _tile_loadd(4, operand, 64); _tile_loadd(5, operand, 64); _tile_loadd(6, operand, 64); _tile_loadd(7, operand, 64);
+  auto start = Clock::now();
+  for (long n = 0; n < iterations; ++n) {
+    if constexpr (BF16) {
+      _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7); _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
+    } else {
+      _tile_dpbssd(0, 4, 6); _tile_dpbssd(1, 4, 7); _tile_dpbssd(2, 5, 6); _tile_dpbssd(3, 5, 7);
+    }
+  }
+  alignas(64) static int32_t sink[16 * 16];
+  _tile_stored(0, sink, 64); _tile_stored(1, sink, 64); _tile_stored(2, sink, 64); _tile_stored(3, sink, 64);
+  double seconds = since(start);
+  _tile_release();
+  return iterations * 4.0 / seconds;
+}
+
 double cycles_per_second(long iterations) {
   uint64_t v = 3;
   auto start = Clock::now();
@@ -72,14 +111,19 @@ double cycles_per_second(long iterations) {
 int main() {
   __builtin_cpu_init();
   bool zmm = __builtin_cpu_supports("avx512vnni"), ymm = __builtin_cpu_supports("avxvnni");
-  double hz = 0, z = 0, y = 0;
+  bool amx = __builtin_cpu_supports("amx-int8") && __builtin_cpu_supports("amx-bf16") && amx_granted();
+  double hz = 0, z = 0, y = 0, ti = 0, tb = 0;
   for (int round = 0; round < 400; ++round) {
     hz = std::max(hz, cycles_per_second(250000));
     if (zmm) z = std::max(z, zmm_per_second(100000));
     if (ymm) y = std::max(y, ymm_per_second(100000));
+    if (amx && round % 4 == 0) ti = std::max(ti, tiles_per_second<false>(20000)), tb = std::max(tb, tiles_per_second<true>(20000));
   }
   std::printf("clock %.2f GHz\n", hz / 1e9);
   // One vpdpbusd does 4 multiply-adds per 32-bit lane; an op is a multiply or an add.
   if (zmm) std::printf("vpdpbusd zmm: %.2f per cycle, %.0f int8 Gop/s per core\n", z / hz, z * 16 * 4 * 2 / 1e9);
   if (ymm) std::printf("vpdpbusd ymm (VEX): %.2f per cycle, %.0f int8 Gop/s per core\n", y / hz, y * 8 * 4 * 2 / 1e9);
+  // tdpbssd: 16 x 16 outputs x 64 K; tdpbf16ps: 16 x 16 x 32.
+  if (amx) std::printf("tdpbssd: %.1f cycles each, %.0f int8 Gop/s per core\n", hz / ti, ti * 16 * 16 * 64 * 2 / 1e9);
+  if (amx) std::printf("tdpbf16ps: %.1f cycles each, %.0f bf16 Gflop/s per core\n", hz / tb, tb * 16 * 16 * 32 * 2 / 1e9);
 }

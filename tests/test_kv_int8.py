@@ -269,16 +269,17 @@ def test_smollm2_perplexity_and_greedy_agreement(default_model_dir, text):
 
 
 def test_long_prompt_on_a_2b_shaped_model(tmp_path):
-    """MiniCPM5-2B shapes (16 heads, 2 KV heads, head_dim 128, vocab 130,560) with 2 of its 42 layers, a
-    3,000-token prompt (its decode attention is split by keys) in 2,048-token chunks, int8 cache."""
+    """MiniCPM5-2B shapes (16 heads, 2 KV heads, head_dim 128, vocab 130,560) with 2 of its 42 layers: a
+    32k-token prompt (the issue's context; its decode attention is split by keys) in 2,048-token chunks,
+    int8 cache, then 4 decoded tokens."""
     from shrike.synth import synthesize
 
     synthesize(tmp_path / "m", "minicpm5-2b", "w4a8-g128", layers=2, progress=False)
-    engine = LLMEngine(EngineConfig(model=str(tmp_path / "m"), max_model_len=3072, max_num_seqs=1,
-                                    kv_cache_space_gib=0.05, kv_cache_dtype="int8", progress=False))
+    engine = LLMEngine(EngineConfig(model=str(tmp_path / "m"), max_model_len=32768, max_num_seqs=1,
+                                    kv_cache_space_gib=0.04, kv_cache_dtype="int8", progress=False))
     assert engine.runner.compiled is not None
     assert engine.kv_plan.bytes_per_token == 2 * 2 * 2 * 132
-    prompt = [(i * 7919) % 20000 + 100 for i in range(3000)]
+    prompt = [(i * 7919) % 20000 + 100 for i in range(32768 - 4)]
     out = engine.generate([prompt], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))[0][0]
     assert len(out.token_ids) == 4
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
