@@ -14,6 +14,9 @@ state is reused and only 32 new tokens are decoded at depth CONTEXT. decode tok/
 the first to the last token. llama.cpp: `llama-bench -fa on -ctk T -ctv T -d CONTEXT -p 0 -n 32 -t 2`,
 which prefills the depth again for every repetition (hence --llama-reps, default 1).
 
+A context at the model's limit (32768 for MiniCPM5-2B) is run as deep as the limit allows with the decoded tokens
+and the repeat's extra token (CONTEXT - 64, on both engines: 32704 for 32k), and reported under the depth it ran at.
+
 KV bytes per sequence are computed for CONTEXT tokens: Shrike from its planner (2 x layers x KV heads x
 row bytes, a row being head_dim x 2 in bf16 or head_dim + 4 in int8), llama.cpp from its cache types
 (f16: 2 bytes per value; q8_0: 34 bytes per block of 32 values).
@@ -100,7 +103,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from shrike.model.config import ModelConfig
     c = ModelConfig.from_dir(Path(args.shrike_model))
-    for context in args.contexts:
+    for asked in args.contexts:
+        context = min(asked, c.max_position_embeddings - 2 * DECODE_TOKENS)
+        if context != asked:
+            print(f"context {asked}: run at depth {context} (the model's limit is {c.max_position_embeddings} positions)")
         samples: dict[str, list[float]] = {}
         kv_bytes: dict[str, float] = {}
         notes: dict[str, str] = {}
