@@ -7,8 +7,10 @@ registry at load (``Registry.op_table``), so a plugin that replaces an op is the
 
 Linear ops take the weight object their format's loader built: ``kernels.W4A8Weight`` /
 ``W8A8Weight`` / ``WeightOnlyWeight`` with the kernel backend, the ``reference_kernels`` weights with
-``--kernel-backend reference``, and a (N, K) tensor for ``dense_linear``. Their bias is float32
-for the quantized formats and in the weight's dtype for dense layers.
+``--kernel-backend reference``, and a (N, K) tensor for ``dense_linear``, except that the built-in
+dense kernel takes bf16 weights packed as ``kernels.DenseTileWeight`` when it runs on AMX tiles
+(``shrike.layers.linear.weight_for_op`` packs them only for it). Their bias is float32 for the
+quantized formats and in the weight's dtype for dense layers.
 
 ``paged_attention`` takes an optional trailing ``sliding_window`` (0 = off); only Gemma 3's sliding
 layers pass it, so a plugin's attention op without that parameter still serves every other model.
@@ -19,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from shrike import _C
+from shrike.kernels import DenseTileWeight
 from shrike.layers import kv_int8
 from shrike.layers.attention import read_cache, visible_keys
 from shrike.layers.rotary import apply_rotary
@@ -129,8 +132,9 @@ def weight_only_linear_reference(x: torch.Tensor, weight, bias: torch.Tensor | N
 
 def dense_linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                            out: torch.Tensor) -> None:
-    """out (M, N) = x (M, K) . weight (N, K)^T (+ bias (N,) float32): F.linear's math in the reduction order
-    of the compiled kernel (csrc/dense/dense_kernels.h), so both give the same bits.
+    """out (M, N) = x (M, K) . weight (N, K)^T (+ bias (N,) float32): F.linear's math in the lanes order
+    of the compiled kernels (csrc/dense/dense_kernels.h), so both give the same bits; bf16 x bf16 on
+    AMX tiles follows the tile order instead, a different rounding of the same sum.
 
     K is taken in blocks of 32 (zero-padded); lane j of 16 adds x*w of the block's element 2j+1, then 2j,
     with a fused multiply-add; the lanes are summed pairwise (j += j + 8, + 4, + 2, + 1), then bias added.
@@ -172,10 +176,14 @@ def weight_only_linear_kernel(x: torch.Tensor, weight, bias: torch.Tensor | None
                           weight.group_size, bias, out)
 
 
-def dense_linear_kernel(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor) -> None:
+def dense_linear_kernel(x: torch.Tensor, weight, bias: torch.Tensor | None, out: torch.Tensor) -> None:
+    """weight: (N, K) tensor or kernels.DenseTileWeight."""
     if bias is not None and bias.dtype != torch.float32:
         bias = bias.float()  # exact; the kernel adds the bias in float32
-    _C.dense_linear(x, weight, bias, out)
+    if isinstance(weight, DenseTileWeight):
+        _C.dense_linear_tiles(x, weight.tiles, weight.n, bias, out)
+    else:
+        _C.dense_linear(x, weight, bias, out)
 
 
 def register_builtin_ops(registry: Registry) -> None:

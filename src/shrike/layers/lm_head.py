@@ -42,12 +42,15 @@ def quantize_rows_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     return values, scale
 
 
-def int8_lm_head(weight: torch.Tensor, model_dir, kernel_backend: str) -> Int8LMHead:
-    """The int8 form of `weight` (vocab, hidden), from the repack cache or quantized and stored there."""
+def int8_lm_head(weight, model_dir, kernel_backend: str) -> Int8LMHead:
+    """The int8 form of `weight` (vocab, hidden) (or its kernels.DenseTileWeight), from the repack cache or
+    quantized and stored there."""
+    from shrike import kernels
+    if isinstance(weight, kernels.DenseTileWeight):
+        weight = weight.unpack()
     n, k = weight.shape
     if k % 16:
         raise ConfigError(f"--lm-head-quant int8 needs a hidden size that is a multiple of 16, this model has {k}")
-    from shrike import kernels
     from shrike.quantization import reference_kernels
     reference = kernel_backend == "reference"
     variant = "reference1" if reference else f"kernels-layout{kernels.LAYOUT_VERSION}-{kernels.active_isa()}"
