@@ -10,16 +10,22 @@ namespace shrike {
 
 void dense_pack_panels(const bf16* w, int64_t n, int64_t k, int64_t first, int64_t count, bf16* panels) {
   const int64_t kp = dense_tiles_k(k);
-  std::memset(panels, 0, static_cast<size_t>(count * kDensePanelCols * kp) * sizeof(bf16));
   for (int64_t p = 0; p < count; ++p) {
-    bf16* panel = panels + p * kDensePanelCols * kp;
-    const int64_t c0 = (first + p) * kDensePanelCols;
-    for (int64_t c = c0; c < std::min(n, c0 + kDensePanelCols); ++c) {
-      const bf16* row = w + c * k;
-      bf16* column = panel + (c - c0) * 2;
-      // One pair (4 bytes) per step: rows of odd k start off a 4-byte boundary, hence memcpy.
-      for (int64_t j = 0; j + 1 < k; j += 2) std::memcpy(column + j * kDensePanelCols, row + j, 2 * sizeof(bf16));
-      if (k % 2) column[(k - 1) * kDensePanelCols] = row[k - 1];
+    // Pair by pair, so that each 64-byte row of the panel is written once while its 16 weight rows
+    // are read in step.
+    uint32_t* panel = reinterpret_cast<uint32_t*>(panels + p * kDensePanelCols * kp);
+    const int64_t c0 = (first + p) * kDensePanelCols, cols = std::clamp<int64_t>(n - c0, 0, kDensePanelCols);
+    for (int64_t j = 0; j < kp; j += 2) {
+      uint32_t* pairs = panel + (j / 2) * kDensePanelCols;
+      if (cols == kDensePanelCols && j + 2 <= k) {  // a whole pair of every row: 4 bytes each
+        for (int64_t c = 0; c < kDensePanelCols; ++c) std::memcpy(pairs + c, w + (c0 + c) * k + j, 4);
+        continue;
+      }
+      for (int64_t c = 0; c < kDensePanelCols; ++c) {  // the edges: outputs past n, K past k are zeros
+        bf16 pair[2] = {0, 0};
+        for (int64_t e = 0; e < 2 && c < cols && j + e < k; ++e) pair[e] = w[(c0 + c) * k + j + e];
+        std::memcpy(pairs + c, pair, sizeof(pair));
+      }
     }
   }
 }
