@@ -244,3 +244,5 @@ def test_empty_rows_and_bad_arguments():
             _C.dense_linear_tiles(*args)
     with pytest.raises(ValueError, match="weight must be a 2-D bfloat16 tensor"):
         DenseTileWeight.from_dense(w)
+    with pytest.raises(ValueError, match="dense tiles must be bfloat16 packed by dense_pack_tiles for"):
+        _C.PlanLinear("dense_tiles", tiles.tiles[:-1], None, 8, 16, 0)
