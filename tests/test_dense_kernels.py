@@ -187,6 +187,18 @@ def test_reference_against_float64(x_name, w_name, out_dtype):
         assert ((got - exact).abs() <= bound + 1e-30).all(), f"M={m} N={n} K={k}"
 
 
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_tile_order_reference_against_float64(out_dtype):
+    for i, (m, n, k) in enumerate(AMX_SHAPES[:12] + [(9, 96, 576), (13, 5, 2048)]):
+        x, w, bias = operands(m, n, k, torch.bfloat16, torch.bfloat16, seed=300 + i)
+        got = dense("scalar", x, DenseTileWeight.from_dense(w), bias, out_dtype).double()
+        exact = x.double() @ w.double().T + bias.double()
+        bound = 2e-6 * (x.double().abs() @ w.double().abs().T)
+        if out_dtype == torch.bfloat16:
+            bound = bound + exact.abs() * 2.0 ** -8
+        assert ((got - exact).abs() <= bound + 1e-30).all(), f"M={m} N={n} K={k}"
+
+
 def test_dense_linear_layer_and_the_registered_ops_agree():
     x, w, bias = operands(6, 50, 96, torch.bfloat16, torch.bfloat16, seed=3)
     layer = DenseLinear(w, bias)
