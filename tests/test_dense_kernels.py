@@ -212,8 +212,21 @@ def test_dense_linear_layer_and_the_registered_ops_agree():
     for x_dtype, w_dtype in ((torch.bfloat16, torch.bfloat16), (torch.float32, torch.bfloat16), (torch.float32,) * 2):
         x, w, bias = operands(6, 50, 100, x_dtype, w_dtype, seed=4)
         out = torch.empty(6, 50)
-        dense_linear_reference(x, w, bias, out)  # torch, in the kernels' lanes order
-        assert torch.equal(out, dense("scalar", x, w, bias)), (x_dtype, w_dtype)
+        dense_linear_reference(x, w, bias, out)  # torch, in the order the active level runs
+        assert torch.equal(out, dense(_C.active_isa(), x, w, bias)), (x_dtype, w_dtype)
+
+
+@pytest.mark.parametrize("isa", SIMD)
+def test_torch_reference_follows_the_order_of_the_active_level(isa):
+    """With bf16 operands the torch reference gives the bits of the C++ reference of the order `isa` runs
+    (the tile order at amx, the lanes order below), for K below, at and past one 32-K tile."""
+    for i, (m, n, k) in enumerate([(1, 7, 31), (3, 33, 32), (17, 40, 77), (40, 20, 576)]):
+        x, w, bias = operands(m, n, k, torch.bfloat16, torch.bfloat16, seed=400 + i)
+        for out_dtype in (torch.float32, torch.bfloat16):
+            _C.set_isa(isa)
+            out = torch.empty(m, n, dtype=out_dtype)
+            dense_linear_reference(x, w, bias, out)
+            assert torch.equal(out, reference(isa, x, w, bias, out_dtype)), f"{isa} M={m} N={n} K={k} {out_dtype}"
 
 
 def test_only_the_builtin_op_gets_tiles():

@@ -132,11 +132,16 @@ def weight_only_linear_reference(x: torch.Tensor, weight, bias: torch.Tensor | N
 
 def dense_linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                            out: torch.Tensor) -> None:
-    """out (M, N) = x (M, K) . weight (N, K)^T (+ bias (N,) float32): F.linear's math in the lanes order
-    of the compiled kernels (csrc/dense/dense_kernels.h), so both give the same bits; bf16 x bf16 on
-    AMX tiles follows the tile order instead, a different rounding of the same sum.
+    """out (M, N) = x (M, K) . weight (N, K)^T (+ bias (N,) float32): F.linear's math in the reduction order
+    the compiled kernel runs for these dtypes at the active level (csrc/dense/dense_kernels.h), so both give
+    the same bits: the AMX tile order for bf16 x bf16 on the amx level, the lanes order otherwise."""
+    if x.dtype == weight.dtype == torch.bfloat16 and _C.dense_variant("bfloat16", "bfloat16") == "amx":
+        return _dense_tile_order(x, weight, bias, out)
+    _dense_lanes_order(x, weight, bias, out)
 
-    K is taken in blocks of 32 (zero-padded); lane j of 16 adds x*w of the block's element 2j+1, then 2j,
+
+def _dense_lanes_order(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor) -> None:
+    """K is taken in blocks of 32 (zero-padded); lane j of 16 adds x*w of the block's element 2j+1, then 2j,
     with a fused multiply-add; the lanes are summed pairwise (j += j + 8, + 4, + 2, + 1), then bias added.
     bf16 x bf16 products are exact in fp32, so a plain add is the fma; otherwise the fma is emulated in
     float64, which could differ from a true fma by double rounding (about one operation in 2^28).
@@ -159,6 +164,35 @@ def dense_linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
             acc = acc[..., :half] + acc[..., half:2 * half]
         y = acc[..., 0]
         out[:, n0:n0 + chunk] = y if bias is None else y + bias[n0:n0 + chunk]
+
+
+def _dense_tile_order(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor) -> None:
+    """bf16 x bf16 as tdpbf16ps adds it (common/amx_bf16_order.h): K in tiles of 32 (zero-padded), in order;
+    per tile an fma chain from 0 over the even elements of its 16 pairs and one over the odd ones, then
+    acc = acc + (even + odd); then bias added. The products are exact in fp32, so a plain add is the fma.
+    Denormal inputs are read as zero as the tile unit reads them; denormal sums, which it flushes too, are
+    kept (a difference only for partial sums below 2^-126 in magnitude)."""
+    m, k = x.shape
+    n = weight.shape[0]
+    tiles = -(-k // 32)
+
+    def padded(t: torch.Tensor, rows: int) -> torch.Tensor:
+        t = F.pad(t.float(), (0, tiles * 32 - k))
+        return torch.where(t.abs() < torch.finfo(torch.float32).tiny, t * 0, t).reshape(rows, tiles, 16, 2)
+
+    xs, ws = padded(x, m)[:, None], padded(weight, n)[None]  # (M, 1, tiles, 16, 2), (1, N, tiles, 16, 2)
+    chunk = max(1, (1 << 22) // max(1, m * tiles))  # outputs per pass: bounded temporaries
+    for n0 in range(0, n, chunk):
+        w = ws[:, n0:n0 + chunk]
+        even, odd = (torch.zeros(m, w.shape[1], tiles) for _ in range(2))  # (M, chunk, tiles)
+        for pair in range(16):
+            even = even + xs[:, :, :, pair, 0] * w[:, :, :, pair, 0]
+            odd = odd + xs[:, :, :, pair, 1] * w[:, :, :, pair, 1]
+        steps = even + odd
+        acc = torch.zeros(m, w.shape[1])  # (M, chunk)
+        for t in range(tiles):
+            acc = acc + steps[..., t]
+        out[:, n0:n0 + chunk] = acc if bias is None else acc + bias[n0:n0 + chunk]
 
 
 # Built-in kernels with the op calling convention ---------------------------------------------
