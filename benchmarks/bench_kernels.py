@@ -5,9 +5,10 @@ least ``--gb`` GB of distinct packed weights so the last-level cache cannot serv
 a STREAM-like read of an equally large buffer on the same thread pool.
 M > 1 (``--m``, prefill): GOP/s (2 M N K / time) of W4A8-G128 and W8A8 next to torch fp32 and
 bf16 matmul on the same shapes, torch limited to the same thread count.
-Dense (``_C.dense_linear``, bf16 weights): GB/s of the lm_head shapes (MiniCPM5-2B 130560x2048,
-SmolLM2 49152x576) at M = 1, 4, 8, each timing interleaved with a read-bandwidth probe so the
-ratio compares like with like on a busy machine.
+Dense (the built-in ``dense_linear`` op, bf16 weights in the form the engine loads them: AMX tiles
+on the amx level): GB/s of the lm_head shapes (MiniCPM5-2B 130560x2048, SmolLM2 49152x576) at M = 1,
+4, 8, each timing interleaved with a read-bandwidth probe so the ratio compares like with like on a
+busy machine.
 
 ``--isas`` runs the kernels once per variant (e.g. ``avx2,avxvnni,avx512vnni`` or ``all``) and
 puts them side by side in one GOP/s table; the default is the active variant only.
@@ -26,6 +27,8 @@ import time
 import torch
 
 from shrike import _C, kernels
+from shrike.layers.linear import weight_for_op
+from shrike.ops import dense_linear_kernel
 
 SHAPES = {"qkv": (2560, 2048), "o": (2048, 2048), "gate_up": (12288, 2048), "down": (2048, 6144)}
 LM_HEADS = {"minicpm5-2b": (130560, 2048), "smollm2": (49152, 576)}
@@ -71,18 +74,18 @@ def dense_decode(n: int, k: int, nbytes_target: int, reps: int) -> dict[str, dic
     gen = torch.Generator().manual_seed(n + k)
     first = torch.empty(n, k, dtype=torch.bfloat16).normal_(0, 0.05, generator=gen)
     copies = max(2, math.ceil(nbytes_target / first.nbytes))
-    weights = [first] + [first.clone() for _ in range(copies - 1)]
+    weights = [weight_for_op(w, dense_linear_kernel) for w in [first] + [first.clone() for _ in range(copies - 1)]]
     probe = torch.ones(first.nbytes * copies, dtype=torch.uint8)
     results = {}
     for m in DENSE_M:
         x = torch.randn(m, k).bfloat16()
         out = torch.empty(m, n)
-        _C.dense_linear(x, weights[0], None, out)  # warm-up
+        dense_linear_kernel(x, weights[0], None, out)  # warm-up
         gemv, read = [], []
         for _ in range(reps):
             start = time.perf_counter()
             for w in weights:
-                _C.dense_linear(x, w, None, out)
+                dense_linear_kernel(x, w, None, out)
             gemv.append(first.nbytes * copies / (time.perf_counter() - start) / 1e9)
             start = time.perf_counter()
             _C.read_bandwidth_probe(probe)

@@ -9,6 +9,7 @@
 #include "bindings.h"
 #include "bindings_util.h"
 #include "attention/kv_int8.h"
+#include "dense/dense_tiles.h"
 #include "plan/forward_plan.h"
 
 using namespace shrike::bindings;
@@ -47,6 +48,12 @@ Linear make_linear(const std::string& kind, const Array& weight, std::optional<A
     l.kind = LinearKind::dense;
     l.weight_dtype = float_dtype(weight, kOp, "dense weight");
     require(weight.size() == static_cast<size_t>(n * k), kOp, "dense weight must be (n, k)");
+  } else if (kind == "dense_tiles") {
+    l.kind = LinearKind::dense;
+    l.weight_dtype = float_dtype(weight, kOp, "dense tiles");
+    l.dense_layout = shrike::DenseLayout::tiles;
+    require(l.weight_dtype == shrike::DType::bf16 && weight.size() == shrike::dense_tiles_elements(n, k), kOp,
+            "dense tiles must be bfloat16 packed by dense_pack_tiles for (n, k)");
   } else {
     throw nb::value_error(("ForwardPlan: unknown linear kind " + kind).c_str());
   }

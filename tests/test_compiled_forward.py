@@ -13,7 +13,9 @@ import shutil
 import pytest
 import torch
 
+from shrike import _C
 from shrike.engine.llm_engine import EngineConfig, LLMEngine
+from shrike.kernels import DenseTileWeight
 from shrike.quantization.quantize_checkpoint import quantize_checkpoint
 from shrike.quantization.schemes import SCHEMES
 from shrike.sampling.params import SamplingParams
@@ -118,6 +120,16 @@ def test_smollm2_shaped_w4a8_logits_are_bit_identical(tmp_path):
     """SmolLM2-135M's shapes (9 query heads over 3 KV heads, tied embeddings), 3 random layers."""
     synthesize(tmp_path / "smollm2", "smollm2-135m", "w4a8-g64", layers=3, progress=False)
     _assert_same_logits(tmp_path / "smollm2")
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_bf16_logits_are_bit_identical(tiny_dirs, kind):
+    """bf16 layers and the tied lm_head (AMX tiles on the amx level) in the plan and in the eager model."""
+    model = _engine(tiny_dirs[kind], True, "bfloat16").runner.model
+    tiles = _C.dense_variant("bfloat16", "bfloat16") == "amx"
+    assert isinstance(model.layers[0].qkv_proj.weight, DenseTileWeight) == tiles
+    assert isinstance(model.lm_head, DenseTileWeight) == tiles
+    _assert_same_logits(tiny_dirs[kind], "bfloat16")
 
 
 def test_smollm2_bf16_greedy_tokens_match(default_model_dir):

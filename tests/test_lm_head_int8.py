@@ -76,8 +76,8 @@ def test_int8_head_stays_within_the_measured_perplexity_and_agreement_bounds(loa
 
 
 def test_int8_head_comes_from_the_repack_cache_and_matches_its_reference(loaded):
-    weight = loaded.model.lm_head  # (vocab, hidden) bf16, tied to the embeddings
-    first = int8_lm_head(weight, loaded.model_dir, "auto")
+    weight = loaded.model.embed_tokens  # (vocab, hidden) bf16; the lm_head is tied to it (AMX tiles on amx)
+    first = int8_lm_head(loaded.model.lm_head, loaded.model_dir, "auto")
     again = int8_lm_head(weight, loaded.model_dir, "auto")  # served from the cache entry written by `first`
     assert torch.equal(first.weight.packed, again.weight.packed)
     values, scale = quantize_rows_int8(weight)

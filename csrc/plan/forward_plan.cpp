@@ -101,7 +101,7 @@ void ForwardPlan::linear(const Linear& l, const void* x, int64_t rows, void* out
     case LinearKind::w8a8:
       return w8a8_linear(x, xt, rows, l.k, static_cast<const uint8_t*>(l.weight), l.n, l.bias, out, out_dtype);
     case LinearKind::dense:
-      return dense_linear(x, xt, rows, l.k, l.weight, l.weight_dtype, l.n, l.bias, out, out_dtype);
+      return dense_linear(x, xt, rows, l.k, l.weight, l.weight_dtype, l.n, l.bias, out, out_dtype, l.dense_layout);
     case LinearKind::weight_only:
       return weight_only_linear(x, xt, rows, l.weight_only, l.bias, out, out_dtype);
   }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/dtype.h"
+#include "dense/dense.h"
 #include "weight_only/weight_only.h"
 
 namespace shrike::plan {
@@ -18,8 +19,10 @@ enum class LinearKind { w4a8, w8a8, dense, weight_only };
 
 struct Linear {
   LinearKind kind = LinearKind::dense;
-  const void* weight = nullptr;  // packed bytes (w4a8, w8a8, see linear/layout.h) or (n, k) floats (dense)
+  // packed bytes (w4a8, w8a8, see linear/layout.h), or (n, k) floats or bf16 tiles (dense)
+  const void* weight = nullptr;
   DType weight_dtype = DType::f32;  // dense only
+  DenseLayout dense_layout = DenseLayout::rows;  // dense only
   const float* bias = nullptr;  // (n,) or null
   int64_t n = 0, k = 0, group = 0;  // group: w4a8 only
   WeightOnlyWeight weight_only;  // weight_only only (W4A16 / W8A16)

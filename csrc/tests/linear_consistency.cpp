@@ -19,6 +19,7 @@
 #include "common/bf16.h"
 #include "common/isa.h"
 #include "dense/dense.h"
+#include "dense/dense_tiles.h"
 #include "linear/layout.h"
 #include "linear/linear.h"
 #include "linear/repack.h"
@@ -219,17 +220,29 @@ void check_all(const std::vector<Isa>& isas, bool quick, std::vector<Tally>& tal
   }
 }
 
-// dense_linear: every variant equals the reference for each dtype combination, and each row of
-// a batched call equals the row computed alone (batch invariance).
+// dense_linear: every variant equals the reference of its reduction order for each dtype combination
+// (the lanes order, or the tile order for bf16 x bf16 at the amx level, on (n, k) rows and on packed
+// tiles), and each row of a batched call equals the row computed alone (batch invariance).
 void check_dense(const std::vector<Isa>& isas, bool quick, std::vector<Tally>& tallies) {
-  const std::vector<Shape> shapes = {{13, 33}, {40, 100}, {64, 576}, {7, 2048}, {300, 1100}};
+  struct Case {
+    Shape s;
+    std::vector<int64_t> ms;
+  };
   const std::vector<int64_t> ms = quick ? std::vector<int64_t>{1, 5} : std::vector<int64_t>{1, 2, 5, 17};
+  // Tile edges: 16-row tiles and 32-row blocks, panels of 16 outputs, 32-K tiles.
+  const std::vector<int64_t> tile_ms = quick ? std::vector<int64_t>{1, 17} : std::vector<int64_t>{1, 15, 16, 17, 33, 512};
+  const std::vector<Case> cases = {{{13, 33}, ms}, {{40, 100}, ms}, {{64, 576}, ms}, {{7, 2048}, ms},
+                                   {{300, 1100}, ms}, {{37, 31}, tile_ms}, {{49, 200}, tile_ms}};
   std::normal_distribution<float> normal(0.f, 1.f);
-  for (Shape s : shapes) {
+  for (const Case& cs : cases) {
+    const Shape s = cs.s;
     std::vector<float> w(s.n * s.k), bias(s.n);
     for (auto& v : w) v = 0.05f * normal(rng);
     for (auto& v : bias) v = normal(rng);
-    for (int64_t m : ms) {
+    std::vector<uint8_t> w_bf16 = as_input(w, DType::bf16);
+    std::vector<bf16> w_tiles(dense_tiles_elements(s.n, s.k));
+    dense_pack_tiles(reinterpret_cast<const bf16*>(w_bf16.data()), s.n, s.k, w_tiles.data());
+    for (int64_t m : cs.ms) {
       std::vector<float> x = activations(m, s.k);
       for (int variant = 0; variant < 8; ++variant) {
         DType xt = variant & 1 ? DType::bf16 : DType::f32, wt = variant & 2 ? DType::bf16 : DType::f32;
@@ -239,9 +252,26 @@ void check_dense(const std::vector<Isa>& isas, bool quick, std::vector<Tally>& t
         std::string name = "dense M=" + std::to_string(m) + " N=" + std::to_string(s.n) + " K=" + std::to_string(s.k) +
                            " variant=" + std::to_string(variant);
         const float* b = variant & 1 ? nullptr : bias.data();
-        compare(tallies, isas, m * s.n * out_bytes, name, [&](void* out) {
-          dense_linear(xin.data(), xt, m, s.k, win.data(), wt, s.n, b, out, ot);
-        });
+        std::vector<uint8_t> lanes(m * s.n * out_bytes), tiles(m * s.n * out_bytes), got(m * s.n * out_bytes);
+        set_active_isa("scalar");
+        dense_linear(xin.data(), xt, m, s.k, win.data(), wt, s.n, b, lanes.data(), ot);
+        const bool bf16_pair = xt == DType::bf16 && wt == DType::bf16;
+        if (bf16_pair)
+          dense_linear(xin.data(), xt, m, s.k, w_tiles.data(), wt, s.n, b, tiles.data(), ot, DenseLayout::tiles);
+        for (size_t i = 0; i < isas.size(); ++i) {
+          set_active_isa(isa_name(isas[i]));
+          const bool tile_order = std::string(dense_variant(xt, wt)) == "amx";
+          const std::vector<uint8_t>& want = tile_order ? tiles : lanes;
+          const std::string what = std::string(isa_name(isas[i])) + " " + name;
+          std::fill(got.begin(), got.end(), 0xa5);
+          dense_linear(xin.data(), xt, m, s.k, win.data(), wt, s.n, b, got.data(), ot);
+          expect_equal(tallies[i], got.data(), want.data(), got.size(), what);
+          if (bf16_pair) {  // tiles: the amx kernel, or below it the tile order's reference
+            std::fill(got.begin(), got.end(), 0xa5);
+            dense_linear(xin.data(), xt, m, s.k, w_tiles.data(), wt, s.n, b, got.data(), ot, DenseLayout::tiles);
+            expect_equal(tallies[i], got.data(), tiles.data(), got.size(), what + " tiles");
+          }
+        }
         for (size_t i = 0; i < isas.size() && m > 1 && variant % 3 == 0; ++i) {
           set_active_isa(isa_name(isas[i]));
           std::vector<uint8_t> batched(m * s.n * out_bytes), alone(s.n * out_bytes);

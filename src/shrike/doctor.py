@@ -32,6 +32,8 @@ def _kernel_section(problems: list[str]) -> dict[str, Any]:
             scheme: {"decode_m1": _C.linear_variant(scheme, 1), "prefill": _C.linear_variant(scheme, 512)}
             for scheme in ("w4a8", "w8a8")
         },
+        # Unquantized layers and the lm_head, by model dtype: "amx" is the AMX-BF16 tile order.
+        "dense_variants": {dtype: _C.dense_variant(dtype, dtype) for dtype in ("bfloat16", "float32")},
         "available_isas": list(_C.available_isas()),
         "shrike_isa": os.environ.get("SHRIKE_ISA"),
     }
@@ -233,7 +235,15 @@ def _format_cpu(cpu: dict) -> list[str]:
     linear = cpu["linear_variants"]
     lines.append("Linear        " + "; ".join(
         f"{scheme.upper()} decode (M=1) {v['decode_m1']}, prefill {v['prefill']}" for scheme, v in linear.items()))
+    lines.append("Dense         " + "; ".join(
+        f"{dtype} {_dense_variant_text(variant)}" for dtype, variant in cpu["dense_variants"].items()))
     return lines
+
+
+def _dense_variant_text(variant: str) -> str:
+    if variant == "amx":
+        return "amx-bf16 tiles (tdpbf16ps, every M; weights packed at load)"
+    return f"{variant} (lanes order)"
 
 
 def _format_topology(topology: dict) -> list[str]:

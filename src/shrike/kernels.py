@@ -1,4 +1,5 @@
-"""Low-bit linear kernels of the Shrike C++ core (W4A8 and W8A8), with their thread pool.
+"""Low-bit linear kernels of the Shrike C++ core (W4A8 and W8A8), with their thread pool, and the
+packed weight forms of the other linear ops (weight-only, bf16 tiles of the AMX-BF16 dense kernel).
 
 Weights are repacked once at load into interleaved tiles (``csrc/linear/layout.h``) held as a
 plain contiguous ``uint8`` tensor, so a cache can save them with safetensors (``tensors()``)
@@ -22,6 +23,7 @@ __all__ = [
     "W4A8Weight",
     "W8A8Weight",
     "WeightOnlyWeight",
+    "DenseTileWeight",
     "linear",
     "quantize_activations",
     "active_isa",
@@ -267,6 +269,40 @@ class WeightOnlyWeight:
 
     def __repr__(self) -> str:
         return f"WeightOnlyWeight(bits={self.bits}, N={self.n}, K={self.k}, group_size={self.group_size})"
+
+
+class DenseTileWeight:
+    """bf16 weight [N, K] packed once for the AMX-BF16 dense kernel: per 16 outputs a panel of
+    (Kp/2, 16, 2) bf16, tdpbf16ps's weight operand, Kp = K rounded up to 32, zeros past N and K
+    (``csrc/dense/dense_tiles.h``). It replaces the (N, K) tensor; ``unpack()`` gives that back."""
+
+    def __init__(self, tiles: torch.Tensor, n: int, k: int):
+        tiles = _check_tensor(tiles, "tiles")
+        expected = _C.dense_tiles_elements(n, k)
+        if tiles.dtype != torch.bfloat16 or tiles.shape != (expected,) or not tiles.is_contiguous():
+            raise ValueError(f"tiles must be a contiguous bfloat16 tensor of shape ({expected},) for N={n}, K={k}; "
+                             f"got {tiles.dtype} {tuple(tiles.shape)}")
+        self.tiles, self.n, self.k = tiles, n, k  # tiles: (panels * 16 * Kp,)
+
+    @classmethod
+    def from_dense(cls, weight: torch.Tensor) -> "DenseTileWeight":
+        """weight (N, K) bfloat16."""
+        weight = _check_tensor(weight, "weight")
+        if weight.dtype != torch.bfloat16 or weight.dim() != 2:
+            raise ValueError(f"weight must be a 2-D bfloat16 tensor (N, K), got {weight.dtype} {tuple(weight.shape)}")
+        n, k = weight.shape
+        tiles = torch.empty(_C.dense_tiles_elements(n, k), dtype=torch.bfloat16)
+        _C.dense_pack_tiles(weight.contiguous(), tiles)
+        return cls(tiles, n, k)
+
+    def unpack(self) -> torch.Tensor:
+        """The (N, K) bfloat16 weight."""
+        weight = torch.empty(self.n, self.k, dtype=torch.bfloat16)
+        _C.dense_unpack_tiles(self.tiles, weight)
+        return weight
+
+    def __repr__(self) -> str:
+        return f"DenseTileWeight(N={self.n}, K={self.k})"
 
 
 def _check_activations(x, k: int) -> torch.Tensor:

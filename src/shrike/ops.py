@@ -7,8 +7,10 @@ registry at load (``Registry.op_table``), so a plugin that replaces an op is the
 
 Linear ops take the weight object their format's loader built: ``kernels.W4A8Weight`` /
 ``W8A8Weight`` / ``WeightOnlyWeight`` with the kernel backend, the ``reference_kernels`` weights with
-``--kernel-backend reference``, and a (N, K) tensor for ``dense_linear``. Their bias is float32
-for the quantized formats and in the weight's dtype for dense layers.
+``--kernel-backend reference``, and a (N, K) tensor for ``dense_linear``, except that the built-in
+dense kernel takes bf16 weights packed as ``kernels.DenseTileWeight`` when it runs on AMX tiles
+(``shrike.layers.linear.weight_for_op`` packs them only for it). Their bias is float32 for the
+quantized formats and in the weight's dtype for dense layers.
 
 ``paged_attention`` takes an optional trailing ``sliding_window`` (0 = off); only Gemma 3's sliding
 layers pass it, so a plugin's attention op without that parameter still serves every other model.
@@ -19,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from shrike import _C
+from shrike.kernels import DenseTileWeight
 from shrike.layers import kv_int8
 from shrike.layers.attention import read_cache, visible_keys
 from shrike.layers.rotary import apply_rotary
@@ -130,9 +133,15 @@ def weight_only_linear_reference(x: torch.Tensor, weight, bias: torch.Tensor | N
 def dense_linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                            out: torch.Tensor) -> None:
     """out (M, N) = x (M, K) . weight (N, K)^T (+ bias (N,) float32): F.linear's math in the reduction order
-    of the compiled kernel (csrc/dense/dense_kernels.h), so both give the same bits.
+    the compiled kernel runs for these dtypes at the active level (csrc/dense/dense_kernels.h), so both give
+    the same bits: the AMX tile order for bf16 x bf16 on the amx level, the lanes order otherwise."""
+    if x.dtype == weight.dtype == torch.bfloat16 and _C.dense_variant("bfloat16", "bfloat16") == "amx":
+        return _dense_tile_order(x, weight, bias, out)
+    _dense_lanes_order(x, weight, bias, out)
 
-    K is taken in blocks of 32 (zero-padded); lane j of 16 adds x*w of the block's element 2j+1, then 2j,
+
+def _dense_lanes_order(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor) -> None:
+    """K is taken in blocks of 32 (zero-padded); lane j of 16 adds x*w of the block's element 2j+1, then 2j,
     with a fused multiply-add; the lanes are summed pairwise (j += j + 8, + 4, + 2, + 1), then bias added.
     bf16 x bf16 products are exact in fp32, so a plain add is the fma; otherwise the fma is emulated in
     float64, which could differ from a true fma by double rounding (about one operation in 2^28).
@@ -157,6 +166,35 @@ def dense_linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
         out[:, n0:n0 + chunk] = y if bias is None else y + bias[n0:n0 + chunk]
 
 
+def _dense_tile_order(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor) -> None:
+    """bf16 x bf16 as tdpbf16ps adds it (common/amx_bf16_order.h): K in tiles of 32 (zero-padded), in order;
+    per tile an fma chain from 0 over the even elements of its 16 pairs and one over the odd ones, then
+    acc = acc + (even + odd); then bias added. The products are exact in fp32, so a plain add is the fma.
+    Denormal inputs are read as zero as the tile unit reads them; denormal sums, which it flushes too, are
+    kept (a difference only for partial sums below 2^-126 in magnitude)."""
+    m, k = x.shape
+    n = weight.shape[0]
+    tiles = -(-k // 32)
+
+    def padded(t: torch.Tensor, rows: int) -> torch.Tensor:
+        t = F.pad(t.float(), (0, tiles * 32 - k))
+        return torch.where(t.abs() < torch.finfo(torch.float32).tiny, t * 0, t).reshape(rows, tiles, 16, 2)
+
+    xs, ws = padded(x, m)[:, None], padded(weight, n)[None]  # (M, 1, tiles, 16, 2), (1, N, tiles, 16, 2)
+    chunk = max(1, (1 << 22) // max(1, m * tiles))  # outputs per pass: bounded temporaries
+    for n0 in range(0, n, chunk):
+        w = ws[:, n0:n0 + chunk]
+        even, odd = (torch.zeros(m, w.shape[1], tiles) for _ in range(2))  # (M, chunk, tiles)
+        for pair in range(16):
+            even = even + xs[:, :, :, pair, 0] * w[:, :, :, pair, 0]
+            odd = odd + xs[:, :, :, pair, 1] * w[:, :, :, pair, 1]
+        steps = even + odd
+        acc = torch.zeros(m, w.shape[1])  # (M, chunk)
+        for t in range(tiles):
+            acc = acc + steps[..., t]
+        out[:, n0:n0 + chunk] = acc if bias is None else acc + bias[n0:n0 + chunk]
+
+
 # Built-in kernels with the op calling convention ---------------------------------------------
 
 def w4a8_linear_kernel(x: torch.Tensor, weight, bias: torch.Tensor | None, out: torch.Tensor) -> None:
@@ -172,10 +210,14 @@ def weight_only_linear_kernel(x: torch.Tensor, weight, bias: torch.Tensor | None
                           weight.group_size, bias, out)
 
 
-def dense_linear_kernel(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor) -> None:
+def dense_linear_kernel(x: torch.Tensor, weight, bias: torch.Tensor | None, out: torch.Tensor) -> None:
+    """weight: (N, K) tensor or kernels.DenseTileWeight."""
     if bias is not None and bias.dtype != torch.float32:
         bias = bias.float()  # exact; the kernel adds the bias in float32
-    _C.dense_linear(x, weight, bias, out)
+    if isinstance(weight, DenseTileWeight):
+        _C.dense_linear_tiles(x, weight.tiles, weight.n, bias, out)
+    else:
+        _C.dense_linear(x, weight, bias, out)
 
 
 def register_builtin_ops(registry: Registry) -> None:

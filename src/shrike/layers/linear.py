@@ -6,16 +6,32 @@ from collections.abc import Callable
 import torch
 
 from shrike import _C
+from shrike.kernels import DenseTileWeight
 from shrike.model.weights import CheckpointTensors
 
-# The "dense_linear" op (shrike.ops): (x (M, K), weight (N, K), bias (N,) float32 or None, out (M, N)) -> None.
-# The built-in one (_C.dense_linear) is batch-invariant: a row's result does not depend on the other rows.
-DenseOp = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None", torch.Tensor], None]
+# The "dense_linear" op (shrike.ops): (x (M, K), weight, bias (N,) float32 or None, out (M, N)) -> None, the
+# weight as weight_for_op gives it. The built-in one is batch-invariant: a row's result does not depend on
+# the other rows.
+DenseOp = Callable[[torch.Tensor, "torch.Tensor | DenseTileWeight", "torch.Tensor | None", torch.Tensor], None]
+
+
+def weight_for_op(weight: torch.Tensor, op: DenseOp) -> torch.Tensor | DenseTileWeight:
+    """`weight` (N, K) in the form `op` takes. The built-in kernel op takes bf16 weights packed once as
+    AMX-BF16 tiles when the tile variant is what it runs for bf16 (the packed form replaces the tensor for a
+    caller that keeps only what this returns); every other op (the reference, a plugin's), dtype or kernel
+    level takes the tensor."""
+    from shrike.ops import dense_linear_kernel
+
+    if op is dense_linear_kernel and weight.dtype == torch.bfloat16 and \
+            _C.dense_variant("bfloat16", "bfloat16") == "amx":
+        return DenseTileWeight.from_dense(weight)
+    return weight
 
 
 class DenseLinear:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, op: DenseOp = _C.dense_linear):
-        self.weight = weight.contiguous()  # (out_features, in_features)
+        self.out_features, self.in_features = weight.shape
+        self.weight = weight_for_op(weight.contiguous(), op)  # (out_features, in_features), or its tiles
         self.bias = bias  # (out_features,) as loaded, or None
         self._bias_f32 = None if bias is None else bias.float().contiguous()  # what the op takes
         self.op = op
@@ -30,7 +46,7 @@ class DenseLinear:
 
     def __call__(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
         """x (..., in_features) -> (..., out_features) in out_dtype (default: x's dtype)."""
-        n, k = self.weight.shape
+        n, k = self.out_features, self.in_features
         rows = x.reshape(-1, k).contiguous()  # (M, K)
         out = torch.empty(rows.shape[0], n, dtype=out_dtype or x.dtype)
         self.op(rows, self.weight, self._bias_f32, out)

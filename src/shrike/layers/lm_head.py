@@ -42,22 +42,25 @@ def quantize_rows_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     return values, scale
 
 
-def int8_lm_head(weight: torch.Tensor, model_dir, kernel_backend: str) -> Int8LMHead:
-    """The int8 form of `weight` (vocab, hidden), from the repack cache or quantized and stored there."""
-    n, k = weight.shape
+def int8_lm_head(weight, model_dir, kernel_backend: str) -> Int8LMHead:
+    """The int8 form of `weight` (vocab, hidden) (or its kernels.DenseTileWeight), from the repack cache or
+    quantized and stored there (tiles are unpacked only then)."""
+    from shrike import kernels
+    tiled = isinstance(weight, kernels.DenseTileWeight)
+    n, k = (weight.n, weight.k) if tiled else weight.shape
+    dtype = torch.bfloat16 if tiled else weight.dtype
     if k % 16:
         raise ConfigError(f"--lm-head-quant int8 needs a hidden size that is a multiple of 16, this model has {k}")
-    from shrike import kernels
     from shrike.quantization import reference_kernels
     reference = kernel_backend == "reference"
     variant = "reference1" if reference else f"kernels-layout{kernels.LAYOUT_VERSION}-{kernels.active_isa()}"
     cache = RepackCache(CheckpointFiles(model_dir), variant)
     # Its own name in the entry, so it never meets a layer of a quantized checkpoint; the source
     # dtype is part of it because the int8 values depend on the weights as loaded.
-    name = f"lm_head@int8-per-row-absmax-from-{str(weight.dtype).removeprefix('torch.')}"
+    name = f"lm_head@int8-per-row-absmax-from-{str(dtype).removeprefix('torch.')}"
     cached = cache.load(name)
     if cached is None:
-        values, scale = quantize_rows_int8(weight)
+        values, scale = quantize_rows_int8(weight.unpack() if tiled else weight)
         built = reference_kernels.ReferenceW8A8Weight(values, scale) if reference \
             else kernels.W8A8Weight.from_int8(values, scale)
         cached = cache.store(name, built.tensors())

@@ -16,6 +16,7 @@ import torch
 
 from shrike import _C, kernels
 from shrike.layers.attention import KVCache
+from shrike.kernels import DenseTileWeight
 from shrike.layers.linear import DenseLinear
 from shrike.model.llama import CausalLM
 from shrike.quantization.loading import QuantizedLinear
@@ -28,6 +29,13 @@ _CACHE_DTYPES = {**_DTYPES, torch.int8: "int8"}  # int8: rows of values and scal
 
 def _has_dense_kernel(ops) -> bool:
     return ops.is_builtin("dense_linear")
+
+
+def _dense_plan_linear(weight, bias, n: int, k: int) -> "_C.PlanLinear":
+    """weight: (N, K) tensor or DenseTileWeight (shrike.layers.linear.weight_for_op)."""
+    if isinstance(weight, DenseTileWeight):
+        return _C.PlanLinear("dense_tiles", weight.tiles, bias, n, k, 0)
+    return _C.PlanLinear("dense", weight, bias, n, k, 0)
 
 
 def _plan_linear(layer, ops, keep: list) -> "_C.PlanLinear | str":
@@ -49,8 +57,7 @@ def _plan_linear(layer, ops, keep: list) -> "_C.PlanLinear | str":
             return "no built-in dense linear kernel"
         bias = None if layer.bias is None else layer.bias.float().contiguous()
         keep.append(bias)
-        n, k = layer.weight.shape
-        return _C.PlanLinear("dense", layer.weight, bias, n, k, 0)
+        return _dense_plan_linear(layer.weight, bias, layer.out_features, layer.in_features)
     return f"linear layer of type {type(layer).__name__}"
 
 
@@ -100,7 +107,7 @@ class CompiledForward:
             lm_head = _C.PlanLinear("w8a8", w.packed, None, w.n, w.k, 0) if self.lm_head_in_plan else None
         else:
             self.lm_head_in_plan = _has_dense_kernel(model.ops)
-            lm_head = _C.PlanLinear("dense", model.lm_head, None, c.vocab_size, c.hidden_size, 0) \
+            lm_head = _dense_plan_linear(model.lm_head, None, c.vocab_size, c.hidden_size) \
                 if self.lm_head_in_plan else None
         plan.set_final(model.embed_tokens, model.norm.weight, lm_head)
         self.hidden_out = torch.empty(max_tokens, c.hidden_size, dtype=model.dtype)  # (max_tokens, hidden)

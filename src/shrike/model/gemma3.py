@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from shrike.engine.batch import BatchContext
 from shrike.errors import ConfigError
 from shrike.layers.attention import KVCache
+from shrike.layers.linear import weight_for_op
 from shrike.layers.norm import RMSNorm
 from shrike.layers.rotary import RotaryEmbedding
 from shrike.model.config import ModelConfig
@@ -101,9 +102,10 @@ class Gemma3ForCausalLM:
                 progress(i + 1)
         self.norm = gemma_norm(tensors, "model.norm.weight", c.hidden_size, c.rms_norm_eps, dtype, ops)
         if c.tie_word_embeddings or "lm_head.weight" not in tensors:
-            self.lm_head = self.embed_tokens  # (vocab, hidden)
+            lm_head = self.embed_tokens  # (vocab, hidden)
         else:
-            self.lm_head = tensors.get("lm_head.weight", (c.vocab_size, c.hidden_size), dtype)
+            lm_head = tensors.get("lm_head.weight", (c.vocab_size, c.hidden_size), dtype)
+        self.lm_head = weight_for_op(lm_head, ops.dense_linear)  # as in llama.CausalLM
         self.lm_head_int8 = None  # set by the loader with --lm-head-quant int8
         positions = max_positions or c.max_position_embeddings
         self.rotary = RotaryEmbedding(c, positions)  # global layers; the runner reads its long_threshold

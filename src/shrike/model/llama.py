@@ -12,7 +12,7 @@ import torch
 from shrike.engine.batch import BatchContext
 from shrike.errors import ConfigError
 from shrike.layers.attention import KVCache
-from shrike.layers.linear import DenseLinear
+from shrike.layers.linear import DenseLinear, weight_for_op
 from shrike.layers.norm import RMSNorm
 from shrike.layers.rotary import RotaryEmbedding
 from shrike.model.config import ModelConfig
@@ -118,7 +118,9 @@ class CausalLM:
             lm_head = tensors.get("lm_head.weight", (c.vocab_size, c.hidden_size), dtype)
         else:
             raise ConfigError("checkpoint has no lm_head.weight and config.json says tie_word_embeddings is false")
-        self.lm_head = lm_head  # (vocab, hidden), on the dense_linear op
+        # (vocab, hidden) on the dense_linear op, or its AMX tiles: then a tied head is a second copy of the
+        # embedding (which the embedding op reads by rows), vocab * hidden * 2 bytes more.
+        self.lm_head = weight_for_op(lm_head, ops.dense_linear)
         self.lm_head_int8 = None  # an Int8LMHead set by the loader with --lm-head-quant int8, used instead
         self.rotary = RotaryEmbedding(c, max_positions or c.max_position_embeddings)
 

@@ -113,5 +113,6 @@ def load_model(model: str | None, dtype: str = "auto", max_model_len: int | None
         if not hasattr(net, "lm_head_int8"):
             raise ConfigError(f"--lm-head-quant int8 is not supported by the {config.architecture} architecture")
         net.lm_head_int8 = int8_lm_head(net.lm_head, model_dir, kernel_backend)
+        net.lm_head = None  # replaced: neither the bf16 head nor its AMX tiles are kept
     weight_bytes = sum(p.stat().st_size for p in model_dir.glob("*.safetensors"))
     return LoadedModel(model_dir, config, tokenizer, net, torch_dtype, max_model_len, weight_bytes, available_before)
