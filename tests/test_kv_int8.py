@@ -281,7 +281,7 @@ def test_smollm2_perplexity_and_greedy_agreement(default_model_dir, text):
 
 def test_long_prompt_on_a_2b_shaped_model(tmp_path):
     """MiniCPM5-2B shapes (16 heads, 2 KV heads, head_dim 128, vocab 130,560) with 2 of its 42 layers: a
-    32k-token prompt (the issue's context; its decode attention is split by keys) in 2,048-token chunks,
+    32k-token prompt (the issue's context; its decode attention is split by keys) in 512-token chunks,
     int8 cache, then 4 decoded tokens."""
     from shrike.synth import synthesize
 
