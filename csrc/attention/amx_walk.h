@@ -1,0 +1,115 @@
+// What the AMX-BF16 attention kernel (attention_amx.cpp) and its scalar model (attention_amx_ref.cpp)
+// share: the row blocks of a work item, the keys each row sees, the key tile grid and the scratch.
+//
+// The walk, per block of up to 32 query rows (tokens x heads of the group) and per tile of 32 keys:
+//   S^T (32 keys x rows) = K (keys x d) . Q^T         tdpbf16ps, bf16 queries as they are
+//   s = S^T x factor[key]                             fp32; factor = softmax scale (x the key's int8 scale)
+//   per row: m' = max(m, max of the visible s), rescale = exp(m - m'),
+//            p = exp(s - m') (0 where not visible), sum = fma(sum, rescale, p summed in key order)
+//   P (rows x 32 keys) = bf16(p (x the value's int8 scale))   round to nearest even, denormals to 0
+//   acc = fma(acc, rescale, P . V)                    tdpbf16ps into a fresh accumulator, then fp32
+// and at the end out = bf16(acc x (1 / sum)), or (acc, m, sum) for a split-K merge.
+//
+// Tiles start at multiples of 32 positions whatever the item, and a row's arithmetic in a tile reads
+// only its own scores and the tile's keys: keys it does not see get p = 0 exactly, which adds nothing.
+// So each row's result is the same whichever rows share its item (prefill, chunked prefill,
+// speculative verification and decode give a token the same output, split-K aside).
+//
+// Internal linkage: each including file compiles this with its own target flags.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+
+#include "attention/attention.h"
+#include "common/bf16.h"
+
+namespace shrike::amx_walk {
+namespace {
+
+constexpr int64_t kRowBlock = 32;  // query rows per walk: two 16-row tiles
+constexpr int64_t kTileKeys = 32;  // keys per step: two 16-key sub-tiles, one tdpbf16ps deep in P . V
+constexpr int64_t kSubTileKeys = 16;
+
+// Rows [first_row, first_row + rows) of an item (row r = token r / group, head r % group), the keys
+// [lo[i], hi[i]) row first_row + i sees, and their union [key_begin, key_end).
+struct RowBlock {
+  int64_t first_row, rows;
+  int32_t lo[kRowBlock], hi[kRowBlock];
+  int64_t key_begin, key_end;
+};
+
+inline RowBlock row_block(const PagedAttentionArgs& a, const AttentionWorkItem& w, int64_t first_row) {
+  const int64_t group = a.num_heads / a.num_kv_heads;
+  const int64_t q_len = a.query_start[w.seq + 1] - a.query_start[w.seq];
+  const int64_t first_pos = a.context_lens[w.seq] - q_len + w.q_begin;  // position of the item's first token
+  RowBlock b{};
+  b.first_row = first_row;
+  b.rows = std::min(kRowBlock, w.q_count * group - first_row);
+  b.key_begin = INT64_MAX, b.key_end = 0;
+  for (int64_t i = 0; i < b.rows; ++i) {
+    const int64_t pos = first_pos + (first_row + i) / group;
+    const int64_t oldest = a.sliding_window > 0 ? pos - a.sliding_window + 1 : 0;
+    b.lo[i] = static_cast<int32_t>(std::max(w.key_begin, oldest));
+    b.hi[i] = static_cast<int32_t>(std::min(w.key_end, pos + 1));
+    b.key_begin = std::min<int64_t>(b.key_begin, b.lo[i]);
+    b.key_end = std::max<int64_t>(b.key_end, b.hi[i]);
+  }
+  return b;
+}
+
+// First key of the first tile the block walks.
+inline int64_t first_tile(const RowBlock& b) { return b.key_begin / kTileKeys * kTileKeys; }
+
+// Cache slot of position p of sequence `seq`.
+inline int64_t slot_of(const PagedAttentionArgs& a, int64_t seq, int64_t p) {
+  return static_cast<int64_t>(a.block_tables[seq * a.max_blocks + p / a.block_size]) * a.block_size + p % a.block_size;
+}
+
+// Per-thread scratch, 64-byte aligned pieces (sizes for head_dim d).
+struct Scratch {
+  bf16* q_t;       // (2, d / 2, 16, 2) the row block's queries in tdpbf16ps's B layout, 16 rows per tile
+  bf16* k_rows;    // (32, d) keys widened from int8, or gathered when a sub-tile crosses cache blocks
+  bf16* v_pairs;   // (16, d, 2) the tile's values, two consecutive keys interleaved (B layout)
+  bf16* p;         // (32, 32) P of the tile, row-major (A layout)
+  float* s_t;      // (32 keys, 32 rows) scores
+  float* pv;       // (32, d) P . V of the tile
+  float* acc;      // (32, d) unnormalised outputs
+  float* row_max;  // (32,)
+  float* row_sum;  // (32,)
+  float* rescale;  // (32,)
+  float* key_factor;   // (32,) per key of the tile: scale x the key's int8 scale
+  float* value_scale;  // (32,) per key of the tile: the value's int8 scale
+};
+
+// Lays the pieces out from `base` (nullptr: only counts); returns the floats the scratch needs.
+inline int64_t lay_out_scratch(int64_t d, float* base, Scratch& s) {
+  if (base) base += (64 - reinterpret_cast<uintptr_t>(base) % 64) % 64 / sizeof(float);
+  int64_t used = 0;
+  auto take = [&](int64_t floats) {
+    float* piece = base ? base + used : nullptr;
+    used += (floats + 15) / 16 * 16;
+    return piece;
+  };
+  s.q_t = reinterpret_cast<bf16*>(take(16 * d));
+  s.k_rows = reinterpret_cast<bf16*>(take(16 * d));
+  s.v_pairs = reinterpret_cast<bf16*>(take(16 * d));
+  s.p = reinterpret_cast<bf16*>(take(kRowBlock * kTileKeys / 2));
+  s.s_t = take(kTileKeys * kRowBlock);
+  s.pv = take(kRowBlock * d);
+  s.acc = take(kRowBlock * d);
+  s.row_max = take(kRowBlock);
+  s.row_sum = take(kRowBlock);
+  s.rescale = take(kRowBlock);
+  s.key_factor = take(kTileKeys);
+  s.value_scale = take(kTileKeys);
+  return used + 16;  // and the alignment
+}
+
+inline Scratch scratch_at(float* base, int64_t d) {
+  Scratch s;
+  lay_out_scratch(d, base, s);
+  return s;
+}
+
+}  // namespace
+}  // namespace shrike::amx_walk
