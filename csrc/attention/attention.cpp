@@ -18,20 +18,24 @@ namespace {
 using AttendFn = void (*)(const PagedAttentionArgs&, const AttentionWorkItem&, float*);
 
 // Query rows (tokens x heads of a group) per work item: enough that each key/value tile,
-// once in L1, serves many rows; few enough that a prefill splits into many items.
+// once in L1, serves many rows; few enough that a prefill splits into many items. (The AMX walk
+// takes kAmxItemRows.)
 constexpr int64_t kRowsPerItem = 32;
-
-int64_t item_tokens(const PagedAttentionArgs& a) {
-  return std::max<int64_t>(1, kRowsPerItem / (a.num_heads / a.num_kv_heads));
-}
 
 struct Kernel {
   AttendFn attend;
   int64_t scratch_floats;  // per thread
+  int64_t rows_per_item;
 };
 
 Kernel walk(AttendFn attend, const PagedAttentionArgs& a) {
-  return {attend, attention_scratch_floats(item_tokens(a) * (a.num_heads / a.num_kv_heads), a.head_dim)};
+  const int64_t group = a.num_heads / a.num_kv_heads;
+  const int64_t rows = std::max<int64_t>(1, kRowsPerItem / group) * group;
+  return {attend, attention_scratch_floats(rows, a.head_dim), kRowsPerItem};
+}
+
+Kernel amx_walk(AttendFn attend, const PagedAttentionArgs& a) {
+  return {attend, amx_attention_scratch_floats(a.head_dim), kAmxItemRows};
 }
 
 // AMX tiles serve bf16 queries over bf16 and int8 caches. Of the fp32 walks, the AVX-512 one serves
@@ -40,7 +44,7 @@ Kernel walk(AttendFn attend, const PagedAttentionArgs& a) {
 Kernel attend_kernel(const PagedAttentionArgs& a) {
   const int64_t head_dim = a.head_dim;
 #if defined(SHRIKE_X86)
-  if (isa_at_least(Isa::amx) && amx_attention_serves(a)) return {amx::attend, amx_attention_scratch_floats(head_dim)};
+  if (isa_at_least(Isa::amx) && amx_attention_serves(a)) return amx_walk(amx::attend, a);
   if (isa_at_least(Isa::avx512vnni) && head_dim % 16 == 0 && a.cache_dtype == DType::i8) return walk(avx512vnni::attend, a);
   if (isa_at_least(Isa::avx2) && head_dim % 8 == 0) return walk(avx2::attend, a);
 #elif defined(SHRIKE_AARCH64)
@@ -90,7 +94,7 @@ void merge_split(const PagedAttentionArgs& a, const SplitGroup& g, const float* 
 
 void run_items(const PagedAttentionArgs& a, const Kernel& kernel) {
   const int64_t group = a.num_heads / a.num_kv_heads;
-  const int64_t tokens_per_item = item_tokens(a);
+  const int64_t tokens_per_item = std::max<int64_t>(1, kernel.rows_per_item / group);
   std::vector<AttentionWorkItem> items;
   std::vector<SplitGroup> splits;
   size_t partial_floats = 0;
@@ -157,7 +161,7 @@ bool amx_attention_serves(const PagedAttentionArgs& a) {
 void paged_attention(const PagedAttentionArgs& a) { run_items(a, attend_kernel(a)); }
 
 void paged_attention_amx_reference(const PagedAttentionArgs& a) {
-  run_items(a, {amx_ref::attend, amx_attention_scratch_floats(a.head_dim)});
+  run_items(a, amx_walk(amx_ref::attend, a));
 }
 
 }  // namespace shrike

@@ -80,6 +80,9 @@ namespace amx { SHRIKE_DECLARE_ATTEND }
 namespace amx_ref { SHRIKE_DECLARE_ATTEND }
 #undef SHRIKE_DECLARE_ATTEND
 
+// Query rows per work item of the AMX walk: it carries them all through each key tile, the cache
+// being read once for them (reading the cache, not the tile arithmetic, bounds a prefill's attention).
+constexpr int64_t kAmxItemRows = 128;
 // Floats of per-thread scratch amx::attend and amx_ref::attend need for one work item.
 int64_t amx_attention_scratch_floats(int64_t head_dim);
 // Whether the AMX kernel's arithmetic serves these arguments (the AMX kernel itself runs them when

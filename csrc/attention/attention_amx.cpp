@@ -38,12 +38,12 @@ struct Walk {
   }
 };
 
-// The block's queries as Q^T in B layout: q_t[g][i][lane] = the pair (q[2i], q[2i + 1]) of row 16g + lane,
-// as 32-bit units; lanes past the block are 0.
-void pack_queries(const Walk& k, const RowBlock& b) {
+// The rows' queries as Q^T in B layout, per 16-row tile g: q_t[g][i][lane] = the pair (q[2i], q[2i + 1])
+// of row 16g + lane, as 32-bit units; lanes past the rows are 0.
+void pack_queries(const Walk& k, const ItemRows& b) {
   const int64_t pairs = k.d / 2;
   uint32_t* q_t = reinterpret_cast<uint32_t*>(k.s.q_t);
-  std::memset(q_t, 0, 2 * pairs * 16 * sizeof(uint32_t));
+  std::memset(q_t, 0, (b.rows + kRowBlock - 1) / kRowBlock * kRowBlock * pairs * sizeof(uint32_t));
   const bf16* q = static_cast<const bf16*>(k.a.q);
   for (int64_t i = 0; i < b.rows; ++i) {
     const int64_t r = b.first_row + i, t = r / k.group, g = r % k.group;
@@ -66,7 +66,7 @@ inline __m512i widen32(const int8_t* src) {
 // The A operand of sub-tile u of the tile at t0, and each walked key's score factor (softmax scale,
 // times its int8 scale). Keys outside [key_begin, key_end) are never seen by a row: their rows
 // are whatever the cache holds (a direct load) or zeros.
-KeyRows key_rows(const Walk& k, const RowBlock& b, int64_t t0, int u) {
+KeyRows key_rows(const Walk& k, const ItemRows& b, int64_t t0, int u) {
   const int64_t first = t0 + u * kSubTileKeys;
   const int64_t begin = std::max(first, b.key_begin), end = std::min(first + kSubTileKeys, b.key_end);
   if (begin >= end) return {};
@@ -97,12 +97,13 @@ KeyRows key_rows(const Walk& k, const RowBlock& b, int64_t t0, int u) {
   return {rows, k.d * 2};
 }
 
-// s_t (32 keys x 32 rows) = K . Q^T for the walked sub-tiles; `two` row tiles when the block has > 16 rows.
+// s_t (32 keys x 32 rows) = K . Q^T of row block `block` for the walked sub-tiles; `two` row tiles when
+// the block has more than 16 rows.
 template <bool two>
-void key_scores(const Walk& k, const KeyRows* keys) {
+void key_scores(const Walk& k, const KeyRows* keys, int64_t block) {
   const int64_t pairs = k.d / 2;
-  const bf16* q0 = k.s.q_t;
-  const bf16* q1 = k.s.q_t + pairs * 32;
+  const bf16* q0 = k.s.q_t + block * kRowBlock * k.d;
+  const bf16* q1 = q0 + pairs * 32;
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);
@@ -136,7 +137,7 @@ void key_scores(const Walk& k, const KeyRows* keys) {
 // v_pairs[i] (d, 2) = values of keys 2i and 2i + 1 of the tile interleaved; keys outside the walked range
 // are zeros (their P is 0, and what the cache holds there may not be finite). For int8, the values as
 // integers (exact in bf16), their scales in value_scale.
-void pack_values(const Walk& k, const RowBlock& b, int64_t t0) {
+void pack_values(const Walk& k, const ItemRows& b, int64_t t0) {
   const int64_t d = k.d;
   const bool int8 = k.a.cache_dtype == DType::i8;
   const __m512i lo_pairs = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38,
@@ -202,12 +203,14 @@ inline void transpose16(__m512i* r) {
   for (int i = 0; i < 16; ++i) r[i] = t[i];
 }
 
-// The online-softmax step of row tile g (16 rows, one lane each) over the tile at t0: updates the running
-// max and sum, leaves the rows' rescale factors and writes P (rows 16g .., 32 keys, bf16).
-void softmax_step(const Walk& k, const RowBlock& b, int64_t t0, int g) {
+// The online-softmax step of rows 16g .. 16g + 15 (one lane each; g counts 16-row tiles of the item) over
+// the tile at t0, whose scores are in s_t: updates the rows' running max and sum, leaves their rescale
+// factors and writes their P (bf16) to p.
+void softmax_step(const Walk& k, const ItemRows& b, int64_t t0, int64_t g) {
   const __m512i lo = _mm512_loadu_si512(b.lo + 16 * g), hi = _mm512_loadu_si512(b.hi + 16 * g);
-  const int64_t j_begin = std::max<int64_t>(0, b.key_begin - t0), j_end = std::min<int64_t>(kTileKeys, b.key_end - t0);
-  float* s_t = k.s.s_t + 16 * g;
+  const int64_t block = g / 2;
+  const int64_t j_begin = std::max<int64_t>(0, b.begin[block] - t0), j_end = std::min<int64_t>(kTileKeys, b.end[block] - t0);
+  float* s_t = k.s.s_t + 16 * (g % 2);
   __mmask16 seen[kTileKeys];
   __m512 tile_max = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   for (int64_t j = 0; j < kTileKeys; ++j) {
@@ -247,62 +250,76 @@ void softmax_step(const Walk& k, const RowBlock& b, int64_t t0, int g) {
   const __m512 old_sum = _mm512_loadu_ps(k.s.row_sum + 16 * g);
   _mm512_storeu_ps(k.s.row_sum + 16 * g, _mm512_fmadd_ps(old_sum, rescale, sum));
   transpose16(pairs);
-  for (int r = 0; r < 16; ++r) _mm512_storeu_si512(k.s.p + (16 * g + r) * kTileKeys, pairs[r]);
+  for (int r = 0; r < 16; ++r) _mm512_storeu_si512(k.s.p + (16 * (g % 2) + r) * kTileKeys, pairs[r]);
 }
 
-// pv (rows x d) = P . V of the tile, then acc = fma(acc, rescale, pv) for the block's rows.
+// acc = fma(acc, rescale, P . V) for the rows of row block `block` (P . V in a fresh accumulator per tile,
+// 32 columns of head_dim at a time).
 template <bool two>
-void accumulate_values(const Walk& k, const RowBlock& b) {
-  const int64_t d = k.d;
+void accumulate_values(const Walk& k, const ItemRows& b, int64_t block) {
+  const int64_t d = k.d, first = block * kRowBlock, rows = std::min(kRowBlock, b.rows - first);
   float* pv = k.s.pv;
+  constexpr int64_t ld = 32 * 4;
   _tile_loadd(4, k.s.p, kTileKeys * 2);
   if (two) _tile_loadd(5, k.s.p + 16 * kTileKeys, kTileKeys * 2);
-  for (int64_t c = 0; c < d; c += 32) {  // two 16-column chunks of head_dim per round
+  for (int64_t c = 0; c < d; c += 32) {
     _tile_zero(0);
     _tile_zero(1);
     _tile_loadd(6, k.s.v_pairs + 2 * c, d * 4);
     _tile_loadd(7, k.s.v_pairs + 2 * c + 32, d * 4);
     _tile_dpbf16ps(0, 4, 6);
     _tile_dpbf16ps(1, 4, 7);
-    _tile_stored(0, pv + c, d * 4);
-    _tile_stored(1, pv + c + 16, d * 4);
     if (two) {
       _tile_zero(2);
       _tile_zero(3);
       _tile_dpbf16ps(2, 5, 6);
       _tile_dpbf16ps(3, 5, 7);
-      _tile_stored(2, pv + 16 * d + c, d * 4);
-      _tile_stored(3, pv + 16 * d + c + 16, d * 4);
     }
-  }
-  for (int64_t r = 0; r < b.rows; ++r) {
-    const __m512 rescale = _mm512_set1_ps(k.s.rescale[r]);
-    float* acc = k.s.acc + r * d;
-    for (int64_t c = 0; c < d; c += 16)
-      _mm512_storeu_ps(acc + c, _mm512_fmadd_ps(_mm512_loadu_ps(acc + c), rescale, _mm512_loadu_ps(pv + r * d + c)));
+    _tile_stored(0, pv, ld);
+    _tile_stored(1, pv + 16, ld);
+    if (two) {
+      _tile_stored(2, pv + 16 * 32, ld);
+      _tile_stored(3, pv + 16 * 32 + 16, ld);
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      const __m512 rescale = _mm512_set1_ps(k.s.rescale[first + r]);
+      float* acc = k.s.acc + (first + r) * d + c;
+      _mm512_storeu_ps(acc, _mm512_fmadd_ps(_mm512_loadu_ps(acc), rescale, _mm512_loadu_ps(pv + r * 32)));
+      _mm512_storeu_ps(acc + 16, _mm512_fmadd_ps(_mm512_loadu_ps(acc + 16), rescale, _mm512_loadu_ps(pv + r * 32 + 16)));
+    }
   }
 }
 
-template <bool two>
-void walk_block(const Walk& k, const RowBlock& b) {
+// The walk of the item's rows (up to 128): every key tile is read and packed once, then serves each row block.
+void walk_rows(const Walk& k, const ItemRows& b) {
   pack_queries(k, b);
-  for (int64_t r = 0; r < kRowBlock; ++r) {
+  for (int64_t r = 0; r < kItemRows; ++r) {
     k.s.row_max[r] = -std::numeric_limits<float>::infinity();
     k.s.row_sum[r] = 0.f;
   }
-  std::memset(k.s.acc, 0, kRowBlock * k.d * sizeof(float));
+  std::memset(k.s.acc, 0, b.rows * k.d * sizeof(float));
+  const int64_t blocks = (b.rows + kRowBlock - 1) / kRowBlock;
   for (int64_t t0 = first_tile(b); t0 < b.key_end; t0 += kTileKeys) {
     const KeyRows keys[2] = {key_rows(k, b, t0, 0), key_rows(k, b, t0, 1)};
-    key_scores<two>(k, keys);
     pack_values(k, b, t0);
-    softmax_step(k, b, t0, 0);
-    if (two) softmax_step(k, b, t0, 1);
-    accumulate_values<two>(k, b);
+    for (int64_t block = 0; block < blocks; ++block) {
+      if (!block_in_tile(b, block, t0)) continue;
+      if (b.rows - block * kRowBlock > 16) {
+        key_scores<true>(k, keys, block);
+        softmax_step(k, b, t0, 2 * block);
+        softmax_step(k, b, t0, 2 * block + 1);
+        accumulate_values<true>(k, b, block);
+      } else {
+        key_scores<false>(k, keys, block);
+        softmax_step(k, b, t0, 2 * block);
+        accumulate_values<false>(k, b, block);
+      }
+    }
   }
 }
 
-// The block's results: out rows bf16(acc / sum), or (acc, max, sum) per row for the split-K merge.
-void finish_block(const Walk& k, const RowBlock& b) {
+// The rows' results: out rows bf16(acc / sum), or (acc, max, sum) per row for the split-K merge.
+void finish_rows(const Walk& k, const ItemRows& b) {
   const int64_t d = k.d;
   for (int64_t i = 0; i < b.rows; ++i) {
     const int64_t r = b.first_row + i;
@@ -328,11 +345,10 @@ void attend(const PagedAttentionArgs& a, const AttentionWorkItem& w, float* scra
   const int64_t head_row = a.cache_dtype == DType::i8 ? kv_int8_row_bytes(a.head_dim) : a.head_dim;
   const Walk k{a, w, a.head_dim, group, a.query_start[w.seq] + w.q_begin, head_row, scratch_at(scratch, a.head_dim)};
   configure_tiles();
-  for (int64_t first = 0; first < w.q_count * group; first += kRowBlock) {
-    const RowBlock b = row_block(a, w, first);
-    if (b.rows > 16) walk_block<true>(k, b);
-    else walk_block<false>(k, b);
-    finish_block(k, b);
+  for (int64_t first = 0; first < w.q_count * group; first += kItemRows) {
+    const ItemRows b = item_rows(a, w, first);
+    walk_rows(k, b);
+    finish_rows(k, b);
   }
   _tile_release();
 }

@@ -68,9 +68,9 @@ struct Walk {
   float scale(const uint8_t* row) const { return kv_int8_scale(reinterpret_cast<const int8_t*>(row), d); }
 };
 
-// Row i of block b over every tile the block walks: acc (d) and the final running max and sum.
+// Row i of the item's rows b over every tile its row block walks: acc (d) and the final running max and sum.
 // q and key: (d) scratch.
-void walk_row(const Walk& k, const RowBlock& b, int64_t i, float* q, float* key, float* acc, float* row_max,
+void walk_row(const Walk& k, const ItemRows& b, int64_t i, float* q, float* key, float* acc, float* row_max,
               float* row_sum) {
   const int64_t d = k.d, r = b.first_row + i;
   const bf16* q_bits = static_cast<const bf16*>(k.a.q) +
@@ -79,6 +79,7 @@ void walk_row(const Walk& k, const RowBlock& b, int64_t i, float* q, float* key,
   float m = -std::numeric_limits<float>::infinity(), sum = 0.f;
   for (int64_t c = 0; c < d; ++c) acc[c] = 0.f;
   for (int64_t t0 = first_tile(b); t0 < b.key_end; t0 += kTileKeys) {
+    if (!block_in_tile(b, i / kRowBlock, t0)) continue;
     float s[kTileKeys], p[kTileKeys], value_scale[kTileKeys];
     bool seen[kTileKeys];
     const uint8_t* value_row[kTileKeys];  // nullptr: a key the block does not walk, value 0
@@ -128,8 +129,8 @@ void attend(const PagedAttentionArgs& a, const AttentionWorkItem& w, float* scra
   const Scratch s = scratch_at(scratch, d);
   float* q = reinterpret_cast<float*>(s.q_t);
   float* key = reinterpret_cast<float*>(s.k_rows);
-  for (int64_t first = 0; first < w.q_count * group; first += kRowBlock) {
-    const RowBlock b = row_block(a, w, first);
+  for (int64_t first = 0; first < w.q_count * group; first += kItemRows) {
+    const ItemRows b = item_rows(a, w, first);
     for (int64_t i = 0; i < b.rows; ++i) {
       const int64_t r = first + i;
       float m, sum;
