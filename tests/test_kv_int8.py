@@ -42,11 +42,12 @@ def variants():
     _C.set_isa(before)
 
 
-def int8_batch(query_lens, context_lens, heads, kv_heads, head_dim, q_dtype, seed=0):
+def int8_batch(query_lens, context_lens, heads, kv_heads, head_dim, q_dtype, seed=0, block_size=16):
     """make_batch's float32 batch with its cache quantized; unused rows get a NaN scale, so a read outside
     a sequence's keys poisons the output. Returns (q, cache, ctx, keys, values) with the original values."""
-    q, cache, ctx, keys, values = make_batch(query_lens, context_lens, heads, kv_heads, head_dim, 16, torch.float32, seed)
-    int8 = KVCache(cache.key.shape[0] // 16, 16, kv_heads, head_dim, torch.int8)
+    q, cache, ctx, keys, values = make_batch(query_lens, context_lens, heads, kv_heads, head_dim, block_size,
+                                             torch.float32, seed)
+    int8 = KVCache(cache.key.shape[0] // block_size, block_size, kv_heads, head_dim, torch.int8)
     for src, dst in ((cache.key, int8.key), (cache.value, int8.value)):
         dst.copy_(kv_int8.quantize(torch.nan_to_num(src)))
         dst[..., head_dim:] = torch.full(src.shape[:2] + (1,), float("nan")).view(torch.int8)
