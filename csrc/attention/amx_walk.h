@@ -4,9 +4,11 @@
 // The walk, per tile of 32 keys, for up to 128 query rows (tokens x heads of the group) in blocks of 32:
 //   S^T (32 keys x rows) = K (keys x d) . Q^T         tdpbf16ps, bf16 queries as they are
 //   s = S^T x factor[key]                             fp32; factor = softmax scale (x the key's int8 scale)
-//   per row: m' = max(m, max of the visible s), rescale = exp(m - m'),
-//            p = exp(s - m') (0 where not visible), sum = fma(sum, rescale, p summed in key order)
+//   per row: m' = max(m, max of the visible s), rescale = exp(m - m'), p = exp(s - m') (0 where not visible)
 //   P (rows x 32 keys) = bf16(p (x the value's int8 scale))   round to nearest even, denormals to 0
+//   per row: sum = fma(sum, rescale, the weights P stands for, summed in key order): P itself, or P / the
+//            int8 scale (P x its fp32 reciprocal; p where the scale is 0), so that the weights divided by
+//            the sum add up to 1 as the tile unit applies them
 //   acc = fma(acc, rescale, P . V)                    tdpbf16ps into a fresh accumulator, then fp32
 // and at the end out = bf16(acc x (1 / sum)), or (acc, m, sum) for a split-K merge.
 //
@@ -91,6 +93,7 @@ struct Scratch {
   float* rescale;  // (128,)
   float* key_factor;   // (32,) per key of the tile: scale x the key's int8 scale
   float* value_scale;  // (32,) per key of the tile: the value's int8 scale
+  float* value_scale_inverse;  // (32,) 1 / value_scale (0 for a zero scale)
 };
 
 // Lays the pieces out from `base` (nullptr: only counts); returns the floats the scratch needs.
@@ -114,6 +117,7 @@ inline int64_t lay_out_scratch(int64_t d, float* base, Scratch& s) {
   s.rescale = take(kItemRows);
   s.key_factor = take(kTileKeys);
   s.value_scale = take(kTileKeys);
+  s.value_scale_inverse = take(kTileKeys);
   return used + 16;  // and the alignment
 }
 

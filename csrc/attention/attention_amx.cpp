@@ -136,7 +136,7 @@ void key_scores(const Walk& k, const KeyRows* keys, int64_t block) {
 
 // v_pairs[i] (d, 2) = values of keys 2i and 2i + 1 of the tile interleaved; keys outside the walked range
 // are zeros (their P is 0, and what the cache holds there may not be finite). For int8, the values as
-// integers (exact in bf16), their scales in value_scale.
+// integers (exact in bf16), their scales and reciprocals in value_scale and value_scale_inverse.
 void pack_values(const Walk& k, const ItemRows& b, int64_t t0) {
   const int64_t d = k.d;
   const bool int8 = k.a.cache_dtype == DType::i8;
@@ -149,7 +149,10 @@ void pack_values(const Walk& k, const ItemRows& b, int64_t t0) {
       const int64_t p = t0 + 2 * i + e;
       const bool walked = p >= b.key_begin && p < b.key_end;
       src[e] = walked ? k.cache_row(k.a.value_cache, p) : nullptr;
-      if (int8) k.s.value_scale[2 * i + e] = walked ? kv_int8_scale(static_cast<const int8_t*>(src[e]), d) : 0.f;
+      if (!int8) continue;
+      const float scale = walked ? kv_int8_scale(static_cast<const int8_t*>(src[e]), d) : 0.f;
+      k.s.value_scale[2 * i + e] = scale;
+      k.s.value_scale_inverse[2 * i + e] = scale > 0.f ? 1.f / scale : 0.f;
     }
     bf16* dst = k.s.v_pairs + i * 2 * d;
     if (!src[0] && !src[1]) {
@@ -231,21 +234,26 @@ void softmax_step(const Walk& k, const ItemRows& b, int64_t t0, int64_t g) {
   _mm512_storeu_ps(k.s.rescale + 16 * g, rescale);
 
   const bool int8 = k.a.cache_dtype == DType::i8;
-  const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
-                                              6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  const __m512i interleave = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38,
+                                              6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
   __m512 sum = _mm512_setzero_ps();
   __m512i pairs[kTileKeys / 2];  // pairs[i], lane r: P of row r for keys 2i, 2i + 1
   for (int64_t i = 0; i < kTileKeys / 2; ++i) {
-    __m512 p[2];
+    __m512i half[2];  // bf16 P of key 2i + e in the low 256 bits
     for (int e = 0; e < 2; ++e) {
       const int64_t j = 2 * i + e;
-      p[e] = _mm512_setzero_ps();
+      half[e] = _mm512_setzero_si512();
       if (!seen[j]) continue;
-      p[e] = _mm512_maskz_mov_ps(seen[j], exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(s_t + j * kRowBlock), new_max)));
-      sum = _mm512_add_ps(sum, p[e]);
-      if (int8) p[e] = _mm512_mul_ps(p[e], _mm512_set1_ps(k.s.value_scale[j]));
+      const __m512 p = _mm512_maskz_mov_ps(seen[j], exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(s_t + j * kRowBlock), new_max)));
+      const float scale = int8 ? k.s.value_scale[j] : 1.f;
+      const __m256bh weight = _mm512_cvtneps_pbh(int8 ? _mm512_mul_ps(p, _mm512_set1_ps(scale)) : p);
+      half[e] = _mm512_castsi256_si512(bits(weight));
+      // The sum takes the weights as the tile unit reads them, so a value shared by all keys comes out exact.
+      const __m512 rounded = _mm512_cvtpbh_ps(weight);
+      if (!int8) sum = _mm512_add_ps(sum, rounded);
+      else sum = _mm512_add_ps(sum, scale > 0.f ? _mm512_mul_ps(rounded, _mm512_set1_ps(k.s.value_scale_inverse[j])) : p);
     }
-    pairs[i] = _mm512_permutexvar_epi16(interleave, bits(_mm512_cvtne2ps_pbh(p[1], p[0])));
+    pairs[i] = _mm512_permutex2var_epi16(half[0], interleave, half[1]);
   }
   const __m512 old_sum = _mm512_loadu_ps(k.s.row_sum + 16 * g);
   _mm512_storeu_ps(k.s.row_sum + 16 * g, _mm512_fmadd_ps(old_sum, rescale, sum));

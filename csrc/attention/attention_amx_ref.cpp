@@ -80,7 +80,7 @@ void walk_row(const Walk& k, const ItemRows& b, int64_t i, float* q, float* key,
   for (int64_t c = 0; c < d; ++c) acc[c] = 0.f;
   for (int64_t t0 = first_tile(b); t0 < b.key_end; t0 += kTileKeys) {
     if (!block_in_tile(b, i / kRowBlock, t0)) continue;
-    float s[kTileKeys], p[kTileKeys], value_scale[kTileKeys];
+    float s[kTileKeys], p[kTileKeys], value_scale[kTileKeys], value_scale_inverse[kTileKeys];
     bool seen[kTileKeys];
     const uint8_t* value_row[kTileKeys];  // nullptr: a key the block does not walk, value 0
     float tile_max = -std::numeric_limits<float>::infinity();
@@ -89,6 +89,7 @@ void walk_row(const Walk& k, const ItemRows& b, int64_t i, float* q, float* key,
       value_row[j] = pos >= b.key_begin && pos < b.key_end ? k.row(k.a.value_cache, pos) : nullptr;
       seen[j] = pos >= b.lo[i] && pos < b.hi[i];
       value_scale[j] = value_row[j] && k.int8() ? k.scale(value_row[j]) : 0.f;
+      value_scale_inverse[j] = value_scale[j] > 0.f ? 1.f / value_scale[j] : 0.f;
       if (!seen[j]) continue;
       const uint8_t* key_row = k.row(k.a.key_cache, pos);
       for (int64_t c = 0; c < d; ++c) key[c] = k.value(key_row, c);
@@ -104,13 +105,17 @@ void walk_row(const Walk& k, const ItemRows& b, int64_t i, float* q, float* key,
     for (int64_t j = 0; j < kTileKeys; ++j) {
       p[j] = 0.f;
       if (!seen[j]) continue;
-      p[j] = exp_nonpositive(s[j] - new_max);
-      tile_sum = tile_sum + p[j];
-      if (k.int8()) p[j] = p[j] * value_scale[j];
+      const float weight = exp_nonpositive(s[j] - new_max);
+      if (!k.int8()) {
+        p[j] = to_bf16(weight);
+        tile_sum = tile_sum + p[j];
+        continue;
+      }
+      p[j] = to_bf16(weight * value_scale[j]);
+      tile_sum = tile_sum + (value_scale[j] > 0.f ? p[j] * value_scale_inverse[j] : weight);
     }
     sum = std::fma(sum, rescale, tile_sum);
     m = new_max;
-    for (int64_t j = 0; j < kTileKeys; ++j) p[j] = to_bf16(p[j]);
     for (int64_t c = 0; c < d; ++c) {
       float v[kTileKeys];
       for (int64_t j = 0; j < kTileKeys; ++j) v[j] = value_row[j] ? k.value(value_row[j], c) : 0.f;
