@@ -5,11 +5,13 @@
 //   S^T (32 keys x rows) = K (keys x d) . Q^T         tdpbf16ps, bf16 queries as they are
 //   s = S^T x factor[key]                             fp32; factor = softmax scale (x the key's int8 scale)
 //   per row: m' = max(m, max of the visible s), rescale = exp(m - m'), p = exp(s - m') (0 where not visible)
-//   P (rows x 32 keys) = bf16(p (x the value's int8 scale))   round to nearest even, denormals to 0
-//   per row: sum = fma(sum, rescale, the weights P stands for, summed in key order): P itself, or P / the
-//            int8 scale (P x its fp32 reciprocal; p where the scale is 0), so that the weights divided by
-//            the sum add up to 1 as the tile unit applies them
-//   acc = fma(acc, rescale, P . V)                    tdpbf16ps into a fresh accumulator, then fp32
+//   P (rows x 32 keys) = w = p (x the value's int8 scale) as two bf16 terms: high = w truncated to bf16,
+//            low = (w - high) truncated: 16 significant bits of w (one bf16 would leave 8, and its
+//            rounding moved the logits of quantized SmolLM2 models past their tests' bounds)
+//   per row: sum = fma(sum, rescale, the weights P stands for, summed in key order): high + low, or that
+//            over the int8 scale (times its fp32 reciprocal; p where the scale is 0), so that the weights
+//            divided by the sum add up to 1 as the tile unit applies them
+//   acc = fma(acc, rescale, (high . V) + (low . V))   two tdpbf16ps into a fresh accumulator, then fp32
 // and at the end out = bf16(acc x (1 / sum)), or (acc, m, sum) for a split-K merge.
 //
 // Tiles start at multiples of 32 positions whatever the item, and a row's arithmetic in a tile reads
@@ -84,7 +86,7 @@ struct Scratch {
   bf16* q_t;       // (4, 2, d / 2, 16, 2) per row block, its queries in tdpbf16ps's B layout, 16 rows per tile
   bf16* k_rows;    // (32, d) keys widened from int8, or gathered when a sub-tile crosses cache blocks
   bf16* v_pairs;   // (16, d, 2) the tile's values, two consecutive keys interleaved (B layout)
-  bf16* p;         // (32, 32) P of the tile for one row block, row-major (A layout)
+  bf16* p;         // (2, 32, 32) P of the tile for one row block, row-major (A layout): high, low part
   float* s_t;      // (32 keys, 32 rows) scores of one row block
   float* pv;       // (32, 32) P . V for 32 columns of head_dim
   float* acc;      // (128, d) unnormalised outputs
@@ -108,7 +110,7 @@ inline int64_t lay_out_scratch(int64_t d, float* base, Scratch& s) {
   s.q_t = reinterpret_cast<bf16*>(take(kRowBlocks * 16 * d));
   s.k_rows = reinterpret_cast<bf16*>(take(16 * d));
   s.v_pairs = reinterpret_cast<bf16*>(take(16 * d));
-  s.p = reinterpret_cast<bf16*>(take(kRowBlock * kTileKeys / 2));
+  s.p = reinterpret_cast<bf16*>(take(kRowBlock * kTileKeys));
   s.s_t = take(kTileKeys * kRowBlock);
   s.pv = take(kRowBlock * 32);
   s.acc = take(kItemRows * d);

@@ -234,31 +234,39 @@ void softmax_step(const Walk& k, const ItemRows& b, int64_t t0, int64_t g) {
   _mm512_storeu_ps(k.s.rescale + 16 * g, rescale);
 
   const bool int8 = k.a.cache_dtype == DType::i8;
-  const __m512i interleave = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38,
-                                              6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  // Word 2i + 1 of a and of b (the upper half of lane i: its bf16 truncation) side by side.
+  const __m512i upper_halves = _mm512_set_epi16(63, 31, 61, 29, 59, 27, 57, 25, 55, 23, 53, 21, 51, 19, 49, 17, 47,
+                                                15, 45, 13, 43, 11, 41, 9, 39, 7, 37, 5, 35, 3, 33, 1);
+  const __m512 upper = _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int32_t>(0xffff0000u)));
   __m512 sum = _mm512_setzero_ps();
-  __m512i pairs[kTileKeys / 2];  // pairs[i], lane r: P of row r for keys 2i, 2i + 1
+  __m512i pairs[2][kTileKeys / 2];  // pairs[h][i], lane r: P's high (h 0) or low part of row r, keys 2i, 2i + 1
   for (int64_t i = 0; i < kTileKeys / 2; ++i) {
-    __m512i half[2];  // bf16 P of key 2i + e in the low 256 bits
+    __m512 part[2][2];  // [h][e]: part h of key 2i + e, of bf16 precision
     for (int e = 0; e < 2; ++e) {
       const int64_t j = 2 * i + e;
-      half[e] = _mm512_setzero_si512();
+      part[0][e] = part[1][e] = _mm512_setzero_ps();
       if (!seen[j]) continue;
       const __m512 p = _mm512_maskz_mov_ps(seen[j], exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(s_t + j * kRowBlock), new_max)));
       const float scale = int8 ? k.s.value_scale[j] : 1.f;
-      const __m256bh weight = _mm512_cvtneps_pbh(int8 ? _mm512_mul_ps(p, _mm512_set1_ps(scale)) : p);
-      half[e] = _mm512_castsi256_si512(bits(weight));
-      // The sum takes the weights as the tile unit reads them, so a value shared by all keys comes out exact.
-      const __m512 rounded = _mm512_cvtpbh_ps(weight);
-      if (!int8) sum = _mm512_add_ps(sum, rounded);
-      else sum = _mm512_add_ps(sum, scale > 0.f ? _mm512_mul_ps(rounded, _mm512_set1_ps(k.s.value_scale_inverse[j])) : p);
+      const __m512 w = int8 ? _mm512_mul_ps(p, _mm512_set1_ps(scale)) : p;
+      part[0][e] = _mm512_and_ps(w, upper);
+      part[1][e] = _mm512_and_ps(_mm512_sub_ps(w, part[0][e]), upper);  // w - high is exact
+      // The sum takes the weights as the tile unit reads them (high + low is exact), so that a value
+      // shared by all keys comes out exact.
+      const __m512 read = _mm512_add_ps(part[0][e], part[1][e]);
+      if (!int8) sum = _mm512_add_ps(sum, read);
+      else sum = _mm512_add_ps(sum, scale > 0.f ? _mm512_mul_ps(read, _mm512_set1_ps(k.s.value_scale_inverse[j])) : p);
     }
-    pairs[i] = _mm512_permutex2var_epi16(half[0], interleave, half[1]);
+    for (int h = 0; h < 2; ++h)
+      pairs[h][i] = _mm512_permutex2var_epi16(_mm512_castps_si512(part[h][0]), upper_halves, _mm512_castps_si512(part[h][1]));
   }
   const __m512 old_sum = _mm512_loadu_ps(k.s.row_sum + 16 * g);
   _mm512_storeu_ps(k.s.row_sum + 16 * g, _mm512_fmadd_ps(old_sum, rescale, sum));
-  transpose16(pairs);
-  for (int r = 0; r < 16; ++r) _mm512_storeu_si512(k.s.p + (16 * (g % 2) + r) * kTileKeys, pairs[r]);
+  for (int h = 0; h < 2; ++h) {
+    transpose16(pairs[h]);
+    bf16* p = k.s.p + h * kRowBlock * kTileKeys + 16 * (g % 2) * kTileKeys;
+    for (int r = 0; r < 16; ++r) _mm512_storeu_si512(p + r * kTileKeys, pairs[h][r]);
+  }
 }
 
 // acc = fma(acc, rescale, P . V) for the rows of row block `block` (P . V in a fresh accumulator per tile,
@@ -268,20 +276,26 @@ void accumulate_values(const Walk& k, const ItemRows& b, int64_t block) {
   const int64_t d = k.d, first = block * kRowBlock, rows = std::min(kRowBlock, b.rows - first);
   float* pv = k.s.pv;
   constexpr int64_t ld = 32 * 4;
-  _tile_loadd(4, k.s.p, kTileKeys * 2);
-  if (two) _tile_loadd(5, k.s.p + 16 * kTileKeys, kTileKeys * 2);
+  const bf16* high = k.s.p;
+  const bf16* low = k.s.p + kRowBlock * kTileKeys;
   for (int64_t c = 0; c < d; c += 32) {
     _tile_zero(0);
     _tile_zero(1);
     _tile_loadd(6, k.s.v_pairs + 2 * c, d * 4);
     _tile_loadd(7, k.s.v_pairs + 2 * c + 32, d * 4);
-    _tile_dpbf16ps(0, 4, 6);
-    _tile_dpbf16ps(1, 4, 7);
     if (two) {
       _tile_zero(2);
       _tile_zero(3);
-      _tile_dpbf16ps(2, 5, 6);
-      _tile_dpbf16ps(3, 5, 7);
+    }
+    for (const bf16* part : {high, low}) {  // C = (0 + high . V) + low . V
+      _tile_loadd(4, part, kTileKeys * 2);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      if (two) {
+        _tile_loadd(5, part + 16 * kTileKeys, kTileKeys * 2);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+      }
     }
     _tile_stored(0, pv, ld);
     _tile_stored(1, pv + 16, ld);

@@ -46,7 +46,14 @@ float exp_nonpositive(float x) {
 bf16 to_bf16_bits(float x) {
   return float_to_bf16(std::fabs(x) < std::numeric_limits<float>::min() ? std::copysign(0.f, x) : x);
 }
-float to_bf16(float x) { return bf16_to_float(to_bf16_bits(x)); }
+// The upper 16 bits of x.
+float truncate_to_bf16(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, 4);
+  bits &= 0xffff0000u;
+  std::memcpy(&x, &bits, 4);
+  return x;
+}
 
 // The walk's view of the cache: row values as floats (bf16 as stored, int8 as the integers), and scales.
 struct Walk {
@@ -80,7 +87,7 @@ void walk_row(const Walk& k, const ItemRows& b, int64_t i, float* q, float* key,
   for (int64_t c = 0; c < d; ++c) acc[c] = 0.f;
   for (int64_t t0 = first_tile(b); t0 < b.key_end; t0 += kTileKeys) {
     if (!block_in_tile(b, i / kRowBlock, t0)) continue;
-    float s[kTileKeys], p[kTileKeys], value_scale[kTileKeys], value_scale_inverse[kTileKeys];
+    float s[kTileKeys], high[kTileKeys], low[kTileKeys], value_scale[kTileKeys], value_scale_inverse[kTileKeys];
     bool seen[kTileKeys];
     const uint8_t* value_row[kTileKeys];  // nullptr: a key the block does not walk, value 0
     float tile_max = -std::numeric_limits<float>::infinity();
@@ -103,23 +110,22 @@ void walk_row(const Walk& k, const ItemRows& b, int64_t i, float* q, float* key,
     const float rescale = exp_nonpositive(m - new_max);
     float tile_sum = 0.f;
     for (int64_t j = 0; j < kTileKeys; ++j) {
-      p[j] = 0.f;
+      high[j] = low[j] = 0.f;
       if (!seen[j]) continue;
-      const float weight = exp_nonpositive(s[j] - new_max);
-      if (!k.int8()) {
-        p[j] = to_bf16(weight);
-        tile_sum = tile_sum + p[j];
-        continue;
-      }
-      p[j] = to_bf16(weight * value_scale[j]);
-      tile_sum = tile_sum + (value_scale[j] > 0.f ? p[j] * value_scale_inverse[j] : weight);
+      const float p = exp_nonpositive(s[j] - new_max);
+      const float w = k.int8() ? p * value_scale[j] : p;
+      high[j] = truncate_to_bf16(w);
+      low[j] = truncate_to_bf16(w - high[j]);
+      const float read = high[j] + low[j];
+      if (!k.int8()) tile_sum = tile_sum + read;
+      else tile_sum = tile_sum + (value_scale[j] > 0.f ? read * value_scale_inverse[j] : p);
     }
     sum = std::fma(sum, rescale, tile_sum);
     m = new_max;
     for (int64_t c = 0; c < d; ++c) {
       float v[kTileKeys];
       for (int64_t j = 0; j < kTileKeys; ++j) v[j] = value_row[j] ? k.value(value_row[j], c) : 0.f;
-      acc[c] = std::fma(acc[c], rescale, amx_bf16_step(0.f, p, v, 16));
+      acc[c] = std::fma(acc[c], rescale, amx_bf16_step(amx_bf16_step(0.f, high, v, 16), low, v, 16));
     }
   }
   *row_max = m, *row_sum = sum;
