@@ -2,16 +2,16 @@
 bit its scalar model (_C.paged_attention_amx_reference, attention_amx_ref.cpp, which runs on any CPU), the model
 against SDPA in float64, and a token's output independent of how its sequence is cut into steps and batched.
 
-The walk rounds P (the softmax weights, times the value's scale for int8) to bf16 where the fp32 walks keep
-it in fp32. Measured on this file's data (queries, keys and values N(0, 1), outputs rounded to bf16; every
-scenario, GQA ratio, head_dim 64/128, block size 16/32), error against SDPA in float64, max (mean):
-  bf16 cache: AMX 0.0094 (0.00024), the fp32 walk (avx512bf16 level) 0.0078 (0.00018);
-  int8 cache, against SDPA on the dequantized values: AMX 0.0101 (0.00032), the fp32 walk 0.0078 (0.00023);
-  SDPA's own result rounded to bf16: 0.0078 (0.00018 / 0.00023), the floor of any bf16 output.
+The walk carries P (the softmax weights, times the value's scale for int8) as two bf16 terms, 16 significant
+bits. Measured on this file's data (queries, keys and values N(0, 1), outputs rounded to bf16; every scenario,
+GQA ratio, head_dim 64/128, block size 16/32), error against SDPA in float64, max (mean): bf16 cache 0.0078
+(0.00018), int8 cache against SDPA on the dequantized values 0.0078 (0.00023): the fp32 walk's, which is also
+SDPA's own result rounded to bf16. (One bf16 term for P gave 0.0094 (0.00024) and 0.0101 (0.00032).)
 Bound: MODEL_ATOL = 0.025, no relative term.
-On SmolLM2-135M (test_smollm2_against_the_fp32_walk) the AMX walk moves perplexity by -0.7% .. +0.4% and agrees
-with the fp32 walk's greedy predictions on 95-98% of the tokens (the model's bf16 and fp32 forwards agree on
-96.4%, test_quant_accuracy.py).
+On SmolLM2-135M's attention inputs the outputs equal the fp32 walk's on 99.7% of the elements (the rest one
+bf16 step apart), yet the model's near-ties move: perplexity changes by -0.9% .. +0.5% and the greedy
+predictions agree with the fp32 walk's on 95.6-97.4% of the tokens (test_smollm2_against_the_fp32_walk; the
+model's bf16 and fp32 forwards agree on 96.4%, test_quant_accuracy.py).
 """
 from __future__ import annotations
 
@@ -173,11 +173,10 @@ def test_amx_is_chosen_only_for_bf16_queries_over_bf16_or_int8_and_head_dim_mult
         run(_C.paged_attention_amx_reference, q, cache, ctx, 0.125)
 
 
-# Measured (chunks of 512 tokens), fp32 walk -> AMX walk, greedy agreement between the two:
-#   public_domain_english.txt: bf16 cache 18.0730 -> 18.1483 (+0.42%), int8 18.0814 -> 18.0549 (-0.15%)
-#   calibration_bill_of_rights.txt: bf16 cache 5.4723 -> 5.4344 (-0.69%), int8 5.4887 -> 5.4864 (-0.04%)
-#   greedy agreement 97.6%, 96.3%; 97.2%, 95.4%.
-MAX_PERPLEXITY_CHANGE = 0.01
+# Measured (chunks of 512 tokens), fp32 walk -> AMX walk, and greedy agreement between the two:
+#   public_domain_english.txt: bf16 cache 18.0730 -> 18.1543 (+0.45%, 97.4%), int8 18.0814 -> 18.0712 (-0.06%, 96.1%)
+#   calibration_bill_of_rights.txt: bf16 cache 5.4723 -> 5.4235 (-0.89%, 96.9%), int8 5.4887 -> 5.4908 (+0.04%, 95.6%)
+MAX_PERPLEXITY_CHANGE = 0.015
 MIN_GREEDY_AGREEMENT = 0.94
 
 
