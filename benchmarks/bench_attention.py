@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _C.set_threads(args.threads, [])
     before = _C.active_isa()
-    print(f"{'kv':<5}{'context':>8}{'q_len':>7}" + "".join(f"{isa + ' GFLOP/s':>18}" for isa in args.isas))
+    print(f"{'kv':<5}{'context':>8}{'q_len':>7}" + "".join(f"{isa + ' GFLOP/s':>20}" for isa in args.isas))
     for kv in args.kv:
         for context in args.contexts:
             for q_len in (min(args.chunk, context), 1):
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
                                                                               args.head_dim ** -0.5, out))
                         samples[isa].append(gflops(context, q_len, args.heads, args.head_dim) / seconds)
                 print(f"{kv:<5}{context:>8}{q_len:>7}" +
-                      "".join(f"{statistics.median(samples[isa]):>18.1f}" for isa in args.isas), flush=True)
+                      "".join(f"{statistics.median(samples[isa]):>20.1f}" for isa in args.isas), flush=True)
     _C.set_isa(before)
     return 0
 
