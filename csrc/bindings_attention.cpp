@@ -29,9 +29,9 @@ const int32_t* int32_data(const Array& a, const char* name, size_t ndim) {
   return static_cast<const int32_t*>(a.data());
 }
 
-void paged_attention(const Array& q, const Array& key_cache, const Array& value_cache, const Array& block_tables,
-                     const Array& query_start, const Array& context_lens, int64_t block_size, float scale, Array& out,
-                     int64_t sliding_window) {
+shrike::PagedAttentionArgs checked_args(const Array& q, const Array& key_cache, const Array& value_cache,
+                                        const Array& block_tables, const Array& query_start, const Array& context_lens,
+                                        int64_t block_size, float scale, Array& out, int64_t sliding_window) {
   shrike::PagedAttentionArgs a{};
   a.q_dtype = float_dtype(q, kOp, "q");
   a.cache_dtype = cache_dtype(key_cache, kOp, "key_cache");
@@ -80,8 +80,26 @@ void paged_attention(const Array& q, const Array& key_cache, const Array& value_
   }
   a.q = q.data(), a.key_cache = key_cache.data(), a.value_cache = value_cache.data(), a.out = out.data();
   a.block_size = block_size, a.scale = scale, a.sliding_window = sliding_window;
+  return a;
+}
+
+void paged_attention(const Array& q, const Array& key_cache, const Array& value_cache, const Array& block_tables,
+                     const Array& query_start, const Array& context_lens, int64_t block_size, float scale, Array& out,
+                     int64_t sliding_window) {
+  const shrike::PagedAttentionArgs a = checked_args(q, key_cache, value_cache, block_tables, query_start, context_lens,
+                                                    block_size, scale, out, sliding_window);
   nb::gil_scoped_release release;
   shrike::paged_attention(a);
+}
+
+void paged_attention_amx_reference(const Array& q, const Array& key_cache, const Array& value_cache,
+                                   const Array& block_tables, const Array& query_start, const Array& context_lens,
+                                   int64_t block_size, float scale, Array& out, int64_t sliding_window) {
+  const shrike::PagedAttentionArgs a = checked_args(q, key_cache, value_cache, block_tables, query_start, context_lens,
+                                                    block_size, scale, out, sliding_window);
+  if (!shrike::amx_attention_serves(a)) fail("the AMX walk takes bf16 queries, a bf16 or int8 cache and head_dim % 32 == 0");
+  nb::gil_scoped_release release;
+  shrike::paged_attention_amx_reference(a);
 }
 
 }  // namespace
@@ -93,4 +111,9 @@ void bind_attention(nb::module_& m) {
         "Causal attention of q (T, H, D) over a paged KV cache (S, Hkv, D), or int8 rows (S, Hkv, D + 4), "
         "written to out (T, H, D); sliding_window W > 0 limits each query to its last W positions; "
         "see csrc/attention/attention.h.");
+  m.def("paged_attention_amx_reference", &paged_attention_amx_reference, nb::arg("q"), nb::arg("key_cache"),
+        nb::arg("value_cache"), nb::arg("block_tables"), nb::arg("query_start"), nb::arg("context_lens"),
+        nb::arg("block_size"), nb::arg("scale"), nb::arg("out").noconvert(), nb::arg("sliding_window") = 0,
+        "paged_attention computed by the scalar model of the AMX kernel, on any CPU: the bits the amx variant "
+        "gives (bf16 q, bf16 or int8 cache, head_dim % 32 == 0; for tests).");
 }

@@ -37,6 +37,11 @@ foreach(src ${SHRIKE_ALL_SOURCES})
   list(APPEND SHRIKE_SOURCES ${src})
 endforeach()
 
+# The AMX attention kernel and its scalar model must round alike: no multiply-add fused unless written
+# as one (the GNU dialect's default -ffp-contract=fast would fuse some in one file and not the other).
+set_property(SOURCE ${CMAKE_CURRENT_LIST_DIR}/attention/attention_amx.cpp ${CMAKE_CURRENT_LIST_DIR}/attention/attention_amx_ref.cpp
+             APPEND PROPERTY COMPILE_OPTIONS -ffp-contract=off)
+
 add_library(shrike_kernels STATIC ${SHRIKE_SOURCES})
 target_include_directories(shrike_kernels PUBLIC ${CMAKE_CURRENT_LIST_DIR})
 target_compile_options(shrike_kernels PRIVATE -O3 -fno-math-errno)

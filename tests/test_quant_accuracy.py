@@ -31,8 +31,12 @@ CALIBRATION = Path(__file__).parent / "data" / "calibration_bill_of_rights.txt"
 W4A8_G64_MAX_RATIO = 1.90  # measured 1.842, plus a margin
 # Greedy tokens of the kernel path must be the reference path's choice or lose to it by at most this many
 # logits (and the other way round). Measured largest gap: w8a8 0.0, w4a8-g64 0.54 (an activation rounding
-# step of a 4-bit 576-wide model).
-TIE_MARGIN = {"w8a8": 0.5, "w4a8-g64": 1.0}
+# step of a 4-bit 576-wide model) with the fp32 attention walk; 0.60 and 0.97 with the AMX walk (amx level),
+# whose outputs differ from the fp32 walk's by one bf16 step on 0.3% of the elements: near-ties move.
+TIE_MARGIN = {"w8a8": 0.8, "w4a8-g64": 1.2}
+# Positions whose argmax the two paths share. Measured with the AMX walk: w8a8 0.899, w4a8-g64 0.809
+# (>= 0.85 with the fp32 walk).
+MIN_ARGMAX_AGREEMENT = {"w8a8": 0.85, "w4a8-g64": 0.78}
 # The issue asks for 95%; measured 89.9% (see the module docstring), so this guards what is reached.
 W8A8_MIN_AGREEMENT = 0.88
 
@@ -102,10 +106,11 @@ def test_kernel_and_reference_paths_agree(quantized, cache_dir, name):
     # Every op differs from its reference only in rounding (attention, norms, activation quantization in
     # another order), so the logits are close, not equal; the linears alone are bit-exact (tests/test_kernels.py).
     a, r = logits["auto"], logits["reference"]
-    # Measured on SmolLM2 (w8a8 / w4a8-g64): per-position cosine median 0.999+, minimum 0.98 / 0.83.
+    # Measured on SmolLM2 (w8a8 / w4a8-g64): per-position cosine median 0.999+, minimum 0.98 / 0.83
+    # (AMX attention walk: median 0.9988 / 0.9974, minimum 0.979 / 0.943).
     cosine = torch.nn.functional.cosine_similarity(a, r, dim=-1)
     assert cosine.median() > 0.995 and cosine.min() > 0.7, cosine
-    assert (a.argmax(-1) == r.argmax(-1)).float().mean() >= 0.85
+    assert (a.argmax(-1) == r.argmax(-1)).float().mean() >= MIN_ARGMAX_AGREEMENT[name]
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     tokens = {b: e.generate([prompt], params)[0][0].token_ids for b, e in engines.items()}
     assert len(tokens["auto"]) == 12

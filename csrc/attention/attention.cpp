@@ -17,24 +17,44 @@ namespace {
 
 using AttendFn = void (*)(const PagedAttentionArgs&, const AttentionWorkItem&, float*);
 
-// The AVX-512 walk serves int8 caches (where it widens 16 values per instruction). Float caches keep
-// the AVX2 walk: the 16-lane sums round differently, which flipped near-tie greedy tokens in the model
-// tests calibrated against it, and no speed gain for float caches has been measured yet.
-AttendFn attend_kernel(int64_t head_dim, DType cache_dtype) {
-#if defined(SHRIKE_X86)
-  if (isa_at_least(Isa::avx512vnni) && head_dim % 16 == 0 && cache_dtype == DType::i8) return avx512vnni::attend;
-  if (isa_at_least(Isa::avx2) && head_dim % 8 == 0) return avx2::attend;
-#elif defined(SHRIKE_AARCH64)
-  if (isa_at_least(Isa::sve2) && head_dim % 4 == 0) return sve2::attend;
-  // Every aarch64 variant (dotprod, i8mm, sve2) implies the NEON float code.
-  if (active_isa() != Isa::scalar && head_dim % 4 == 0) return dotprod::attend;
-#endif
-  return ref::attend;
+// Query rows (tokens x heads of a group) per work item: enough that each key/value tile,
+// once in L1, serves many rows; few enough that a prefill splits into many items. (The AMX walk
+// takes kAmxItemRows.)
+constexpr int64_t kRowsPerItem = 32;
+
+struct Kernel {
+  AttendFn attend;
+  int64_t scratch_floats;  // per thread
+  int64_t rows_per_item;
+};
+
+Kernel walk(AttendFn attend, const PagedAttentionArgs& a) {
+  const int64_t group = a.num_heads / a.num_kv_heads;
+  const int64_t rows = std::max<int64_t>(1, kRowsPerItem / group) * group;
+  return {attend, attention_scratch_floats(rows, a.head_dim), kRowsPerItem};
 }
 
-// Query rows (tokens x heads of a group) per work item: enough that each key/value tile,
-// once in L1, serves many rows; few enough that a prefill splits into many items.
-constexpr int64_t kRowsPerItem = 32;
+Kernel amx_walk(AttendFn attend, const PagedAttentionArgs& a) {
+  return {attend, amx_attention_scratch_floats(a.head_dim), kAmxItemRows};
+}
+
+// AMX tiles serve bf16 queries over bf16 and int8 caches. Of the fp32 walks, the AVX-512 one serves
+// int8 caches (where it widens 16 values per instruction); float caches keep the AVX2 walk: the 16-lane
+// sums round differently, which flipped near-tie greedy tokens in the model tests calibrated against it.
+Kernel attend_kernel(const PagedAttentionArgs& a) {
+  const int64_t head_dim = a.head_dim;
+#if defined(SHRIKE_X86)
+  if (isa_at_least(Isa::amx) && amx_attention_serves(a)) return amx_walk(amx::attend, a);
+  if (isa_at_least(Isa::avx512vnni) && head_dim % 16 == 0 && a.cache_dtype == DType::i8) return walk(avx512vnni::attend, a);
+  if (isa_at_least(Isa::avx2) && head_dim % 8 == 0) return walk(avx2::attend, a);
+#elif defined(SHRIKE_AARCH64)
+  if (isa_at_least(Isa::sve2) && head_dim % 4 == 0) return walk(sve2::attend, a);
+  // Every aarch64 variant (dotprod, i8mm, sve2) implies the NEON float code.
+  if (active_isa() != Isa::scalar && head_dim % 4 == 0) return walk(dotprod::attend, a);
+#endif
+  return walk(ref::attend, a);
+}
+
 // Multiply-adds below which waking the pool costs more than it saves.
 constexpr int64_t kSerialWork = 1 << 17;
 
@@ -72,11 +92,9 @@ void merge_split(const PagedAttentionArgs& a, const SplitGroup& g, const float* 
   }
 }
 
-}  // namespace
-
-void paged_attention(const PagedAttentionArgs& a) {
+void run_items(const PagedAttentionArgs& a, const Kernel& kernel) {
   const int64_t group = a.num_heads / a.num_kv_heads;
-  const int64_t tokens_per_item = std::max<int64_t>(1, kRowsPerItem / group);
+  const int64_t tokens_per_item = std::max<int64_t>(1, kernel.rows_per_item / group);
   std::vector<AttentionWorkItem> items;
   std::vector<SplitGroup> splits;
   size_t partial_floats = 0;
@@ -113,12 +131,10 @@ void paged_attention(const PagedAttentionArgs& a) {
     for (int64_t c = 0; c < g.chunks; ++c)
       items[g.first_item + c].partial = partials + g.first_partial + c * g.q_count * group * (a.head_dim + 2);
 
-  const AttendFn attend = attend_kernel(a.head_dim, a.cache_dtype);
-  const int64_t scratch_floats = attention_scratch_floats(tokens_per_item * group, a.head_dim);
   auto run = [&](int64_t i) {
     thread_local std::vector<float> scratch;
-    if (static_cast<int64_t>(scratch.size()) < scratch_floats) scratch.resize(scratch_floats);
-    attend(a, items[i], scratch.data());
+    if (static_cast<int64_t>(scratch.size()) < kernel.scratch_floats) scratch.resize(kernel.scratch_floats);
+    kernel.attend(a, items[i], scratch.data());
   };
   const int64_t n_items = static_cast<int64_t>(items.size());
   if (work < kSerialWork) {
@@ -134,6 +150,18 @@ void paged_attention(const PagedAttentionArgs& a) {
   const int64_t n_splits = static_cast<int64_t>(splits.size());
   if (n_splits == 1) merge(0);
   else runtime::parallel_for(n_splits, [&](int64_t i) { merge(i); });
+}
+
+}  // namespace
+
+bool amx_attention_serves(const PagedAttentionArgs& a) {
+  return a.q_dtype == DType::bf16 && (a.cache_dtype == DType::bf16 || a.cache_dtype == DType::i8) && a.head_dim % 32 == 0;
+}
+
+void paged_attention(const PagedAttentionArgs& a) { run_items(a, attend_kernel(a)); }
+
+void paged_attention_amx_reference(const PagedAttentionArgs& a) {
+  run_items(a, amx_walk(amx_ref::attend, a));
 }
 
 }  // namespace shrike

@@ -74,6 +74,22 @@ namespace avx2 { SHRIKE_DECLARE_ATTEND }
 namespace avx512vnni { SHRIKE_DECLARE_ATTEND }
 namespace dotprod { SHRIKE_DECLARE_ATTEND }
 namespace sve2 { SHRIKE_DECLARE_ATTEND }
+// AMX-BF16 tiles (attention/amx_walk.h): bf16 queries over a bf16 or int8 cache, head_dim % 32 == 0;
+// and its scalar model, the same arithmetic bit for bit on any CPU.
+namespace amx { SHRIKE_DECLARE_ATTEND }
+namespace amx_ref { SHRIKE_DECLARE_ATTEND }
 #undef SHRIKE_DECLARE_ATTEND
+
+// Query rows per work item of the AMX walk: it carries them all through each key tile, the cache
+// being read once for them (reading the cache, not the tile arithmetic, bounds a prefill's attention).
+constexpr int64_t kAmxItemRows = 128;
+// Floats of per-thread scratch amx::attend and amx_ref::attend need for one work item.
+int64_t amx_attention_scratch_floats(int64_t head_dim);
+// Whether the AMX kernel's arithmetic serves these arguments (the AMX kernel itself runs them when
+// the active variant is amx).
+bool amx_attention_serves(const PagedAttentionArgs& args);
+// paged_attention with every work item run by amx_ref::attend, whatever the CPU: the bits the AMX
+// kernel must give. Only for arguments amx_attention_serves.
+void paged_attention_amx_reference(const PagedAttentionArgs& args);
 
 }  // namespace shrike

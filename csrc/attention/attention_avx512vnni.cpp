@@ -3,6 +3,7 @@
 #include <immintrin.h>
 
 #include "attention/attention_tiles.h"
+#include "attention/exp_avx512.h"
 
 namespace shrike::avx512vnni {
 namespace {
@@ -29,25 +30,6 @@ inline __m256 transpose_sum8(const __m512* a) {
   __m256 s45 = _mm256_hadd_ps(h[4], h[5]), s67 = _mm256_hadd_ps(h[6], h[7]);
   __m256 s0123 = _mm256_hadd_ps(s01, s23), s4567 = _mm256_hadd_ps(s45, s67);
   return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20), _mm256_permute2f128_ps(s0123, s4567, 0x31));
-}
-
-// exp(x) for x <= 0 (Cephes expf: range reduction by ln 2, degree-5 polynomial), ~1 ulp.
-// Inputs below -87.3 give ~1e-38 instead of a denormal or 0, which the softmax cannot tell apart.
-inline __m512 exp_nonpositive(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
-  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  x = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  x = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), x);
-  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507e-3f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073e-3f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894e-2f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459e-1f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201e-1f));
-  y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.f)));
-  __m512i pow2n = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  return _mm512_mul_ps(y, _mm512_castsi512_ps(pow2n));
 }
 
 // acc[0 .. 16*NV) = acc * rescale + sum_j p[j] * v_j[0 .. 16*NV), the accumulators held in registers.

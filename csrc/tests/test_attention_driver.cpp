@@ -1,6 +1,8 @@
 // Checks the scalar paged-attention reference against a naive double-precision attention, then
 // every other available variant against the reference, over decode, prefill and chunked-prefill
-// batches, with and without a sliding window. Unused cache slots hold NaN, and so do positions
+// batches, with and without a sliding window. Where the AMX walk serves a case (bf16 queries, bf16 or
+// int8 cache, head_dim % 32 == 0), its scalar model is checked against the naive attention too, and the
+// amx variant must equal the model bit for bit (reported as skipped, by name, on a CPU without it). Unused cache slots hold NaN, and so do positions
 // older than every query's window, so a read outside a sequence's visible keys shows up.
 // Built without Python so the Arm variants can run under qemu-user.
 //
@@ -187,18 +189,30 @@ std::vector<double> naive_attention(const Case& c, const Batch& b, float scale) 
   return out;
 }
 
-Tensor run(const Case& c, const Batch& b, float scale, Isa isa) {
-  set_active_isa(isa_name(isa));
-  Tensor out;
-  out.resize(b.q.values.size(), c.q_dtype);
+PagedAttentionArgs args_of(const Case& c, const Batch& b, float scale, void* out) {
   PagedAttentionArgs a{};
   a.q = b.q.bytes.data(), a.key_cache = b.key_cache.bytes.data(), a.value_cache = b.value_cache.bytes.data();
-  a.out = out.bytes.data();
+  a.out = out;
   a.block_tables = b.block_tables.data(), a.query_start = b.query_start.data(), a.context_lens = c.context_lens.data();
   a.num_seqs = c.context_lens.size(), a.max_blocks = std::max<int64_t>(b.max_blocks, 1);
   a.num_heads = c.heads, a.num_kv_heads = c.kv_heads, a.head_dim = c.head_dim, a.block_size = c.block_size;
   a.scale = scale, a.q_dtype = c.q_dtype, a.cache_dtype = c.cache_dtype, a.sliding_window = c.window;
-  paged_attention(a);
+  return a;
+}
+
+Tensor run(const Case& c, const Batch& b, float scale, Isa isa) {
+  set_active_isa(isa_name(isa));
+  Tensor out;
+  out.resize(b.q.values.size(), c.q_dtype);
+  paged_attention(args_of(c, b, scale, out.bytes.data()));
+  return out;
+}
+
+// The scalar model of the AMX walk, on any CPU.
+Tensor run_amx_model(const Case& c, const Batch& b, float scale) {
+  Tensor out;
+  out.resize(b.q.values.size(), c.q_dtype);
+  paged_attention_amx_reference(args_of(c, b, scale, out.bytes.data()));
   return out;
 }
 
@@ -305,7 +319,8 @@ int main(int argc, char** argv) {
     }
   }
 
-  Tally reference, variants[kNumIsas];
+  Tally reference, variants[kNumIsas], amx_model, amx_exact;
+  const bool amx_runs = isa_available(Isa::amx) && (only.empty() || only == "amx");
   for (const Case& c : cases(quick)) {
     const Batch b = make_batch(c);
     const float scale = 1.f / std::sqrt(static_cast<float>(c.head_dim));
@@ -313,7 +328,14 @@ int main(int argc, char** argv) {
     const double tol = c.q_dtype == DType::f32 ? 1e-5 : 1e-2;
     const double variant_tol = c.zero_q ? 0.0 : tol;
     const Tensor reference_out = run(c, b, scale, Isa::scalar);
-    expect_close(reference, reference_out, naive_attention(c, b, scale), tol, "scalar vs naive: " + c.name);
+    const std::vector<double> naive = naive_attention(c, b, scale);
+    expect_close(reference, reference_out, naive, tol, "scalar vs naive: " + c.name);
+    if (amx_attention_serves(args_of(c, b, scale, nullptr))) {
+      // The AMX walk also rounds P to bf16 (tests/test_attention_amx.py measures it).
+      const Tensor model_out = run_amx_model(c, b, scale);
+      expect_close(amx_model, model_out, naive, 2.5e-2, "amx model vs naive: " + c.name);
+      if (amx_runs) expect_close(amx_exact, run(c, b, scale, Isa::amx), as_double(model_out), 0.0, "amx vs its model: " + c.name);
+    }
     const std::vector<double> want = as_double(reference_out);
     for (int i = 1; i < kNumIsas; ++i) {
       const Isa isa = static_cast<Isa>(i);
@@ -321,8 +343,12 @@ int main(int argc, char** argv) {
       expect_close(variants[i], run(c, b, scale, isa), want, variant_tol, std::string(isa_name(isa)) + ": " + c.name);
     }
   }
-  int failures = reference.failures;
+  int failures = reference.failures + amx_model.failures + amx_exact.failures;
   std::printf("%-8s %4d checks, %d failures (against naive double attention)\n", "scalar", reference.checks, reference.failures);
+  std::printf("%-8s %4d checks, %d failures (the AMX walk's scalar model, against naive double attention)\n",
+              "amx model", amx_model.checks, amx_model.failures);
+  if (amx_runs) std::printf("%-8s %4d checks, %d failures (bit for bit against its model)\n", "amx exact", amx_exact.checks, amx_exact.failures);
+  else std::printf("%-8s skipped: %s\n", "amx exact", isa_available(Isa::amx) ? "--isa names another variant" : "this CPU cannot run amx");
   for (int i = 1; i < kNumIsas; ++i) {
     if (!variants[i].checks) continue;
     std::printf("%-8s %4d checks, %d failures\n", isa_name(static_cast<Isa>(i)), variants[i].checks, variants[i].failures);
