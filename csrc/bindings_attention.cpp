@@ -3,6 +3,8 @@
 #include <cstdint>
 #include <string>
 
+#include <nanobind/stl/string.h>
+
 #include "attention/attention.h"
 #include "attention/kv_int8.h"
 #include "bindings.h"
@@ -102,9 +104,20 @@ void paged_attention_amx_reference(const Array& q, const Array& key_cache, const
   shrike::paged_attention_amx_reference(a);
 }
 
+shrike::DType attention_dtype(const std::string& name) {
+  if (name == "float32") return shrike::DType::f32;
+  if (name == "bfloat16") return shrike::DType::bf16;
+  if (name == "int8") return shrike::DType::i8;
+  throw nb::value_error(("attention_variant: dtype must be float32, bfloat16 or int8, got " + name).c_str());
+}
+
 }  // namespace
 
 void bind_attention(nb::module_& m) {
+  m.def("attention_variant", [](const std::string& q_dtype, const std::string& cache_dtype, int64_t head_dim) {
+    return std::string(shrike::attention_variant(attention_dtype(q_dtype), attention_dtype(cache_dtype), head_dim));
+  }, nb::arg("q_dtype"), nb::arg("cache_dtype"), nb::arg("head_dim"),
+        "The walk paged_attention runs at the active level: amx, avx512vnni, avx2, sve2, neon or scalar.");
   m.def("paged_attention", &paged_attention, nb::arg("q"), nb::arg("key_cache"), nb::arg("value_cache"),
         nb::arg("block_tables"), nb::arg("query_start"), nb::arg("context_lens"), nb::arg("block_size"), nb::arg("scale"),
         nb::arg("out").noconvert(), nb::arg("sliding_window") = 0,

@@ -198,3 +198,21 @@ def test_smollm2_against_the_fp32_walk(default_model_dir, restore_isa, text):
         print(f"{text}, {kv} cache: perplexity {walk.perplexity:.4f} -> {amx.perplexity:.4f}, agreement {agreement:.1%}")
         assert abs(amx.perplexity / walk.perplexity - 1) <= MAX_PERPLEXITY_CHANGE
         assert agreement >= MIN_GREEDY_AGREEMENT
+
+
+@needs_amx
+def test_variant_names_follow_the_level():
+    level = _C.active_isa()
+    try:
+        _C.set_isa("amx")
+        assert _C.attention_variant("bfloat16", "bfloat16", 128) == "amx"
+        assert _C.attention_variant("bfloat16", "int8", 64) == "amx"
+        assert _C.attention_variant("bfloat16", "bfloat16", 80) == "avx2"  # head_dim % 32 != 0: no tiles
+        assert _C.attention_variant("float32", "float32", 128) == "avx2"
+        assert _C.attention_variant("float32", "int8", 128) == "avx512vnni"
+        _C.set_isa("avx2")
+        assert _C.attention_variant("bfloat16", "int8", 128) == "avx2"
+        _C.set_isa("scalar")
+        assert _C.attention_variant("bfloat16", "bfloat16", 128) == "scalar"
+    finally:
+        _C.set_isa(level)

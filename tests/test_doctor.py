@@ -57,6 +57,9 @@ def test_cix_p1_report_shows_the_a720_binding(model_dir, capsys):
     assert f"Dense         bfloat16 {dense_bf16}" in out
     assert ("amx-bf16 tiles (tdpbf16ps" in out) == (dense_bf16 == "amx")
     assert f"; float32 {_C.dense_variant('float32', 'float32')} (lanes order)" in out
+    attention_int8 = _C.attention_variant("bfloat16", "int8", 128)
+    assert "Attention     bfloat16 queries, bfloat16 cache " in out
+    assert f"bfloat16 queries, int8 cache {'amx-bf16 tiles' if attention_int8 == 'amx' else attention_int8}" in out
     assert "Memory        total 30.7 GiB, available 28.7 GiB, cgroup limit none" in out
     assert "16 layers x 8 KV heads x 64 (bfloat16), weights 2.3 GiB, max-model-len 8192" in out
     assert "Ops           add_rmsnorm -> " in out
@@ -74,6 +77,8 @@ def test_json_shape(model_dir, capsys):
     assert report["cpu"]["model"] == "8x Cortex-A720 + 4x Cortex-A520"
     assert report["cpu"]["active_isa"] == _C.active_isa()
     assert report["cpu"]["dense_variants"] == {dtype: _C.dense_variant(dtype, dtype) for dtype in ("bfloat16", "float32")}
+    assert report["cpu"]["attention_variants"]["float32 queries, float32 cache"] == \
+        _C.attention_variant("float32", "float32", 128)
     assert set(report["cpu"]["features"]) == set(_C.cpu_features())
     topology = report["topology"]
     assert topology["binding"] == "0,1,6-11"

@@ -160,6 +160,21 @@ bool amx_attention_serves(const PagedAttentionArgs& a) {
 
 void paged_attention(const PagedAttentionArgs& a) { run_items(a, attend_kernel(a)); }
 
+const char* attention_variant(DType q_dtype, DType cache_dtype, int64_t head_dim) {
+  PagedAttentionArgs a{};
+  a.q_dtype = q_dtype, a.cache_dtype = cache_dtype, a.head_dim = head_dim, a.num_heads = a.num_kv_heads = 1;
+  const AttendFn attend = attend_kernel(a).attend;
+#if defined(SHRIKE_X86)
+  if (attend == amx::attend) return "amx";
+  if (attend == avx512vnni::attend) return "avx512vnni";
+  if (attend == avx2::attend) return "avx2";
+#elif defined(SHRIKE_AARCH64)
+  if (attend == sve2::attend) return "sve2";
+  if (attend == dotprod::attend) return "neon";
+#endif
+  return "scalar";
+}
+
 void paged_attention_amx_reference(const PagedAttentionArgs& a) {
   run_items(a, amx_walk(amx_ref::attend, a));
 }

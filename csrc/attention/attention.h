@@ -88,6 +88,9 @@ int64_t amx_attention_scratch_floats(int64_t head_dim);
 // Whether the AMX kernel's arithmetic serves these arguments (the AMX kernel itself runs them when
 // the active variant is amx).
 bool amx_attention_serves(const PagedAttentionArgs& args);
+// Which walk paged_attention runs at the active level for these dtypes and head_dim (for shrike doctor):
+// "amx" (tiles), "avx512vnni", "avx2", "sve2", "neon" or "scalar".
+const char* attention_variant(DType q_dtype, DType cache_dtype, int64_t head_dim);
 // paged_attention with every work item run by amx_ref::attend, whatever the CPU: the bits the AMX
 // kernel must give. Only for arguments amx_attention_serves.
 void paged_attention_amx_reference(const PagedAttentionArgs& args);

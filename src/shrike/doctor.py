@@ -34,6 +34,9 @@ def _kernel_section(problems: list[str]) -> dict[str, Any]:
         },
         # Unquantized layers and the lm_head, by model dtype: "amx" is the AMX-BF16 tile order.
         "dense_variants": {dtype: _C.dense_variant(dtype, dtype) for dtype in ("bfloat16", "float32")},
+        # paged_attention by (query, cache) dtype at head_dim 128; "amx" is the AMX-BF16 tile walk.
+        "attention_variants": {f"{q} queries, {cache} cache": _C.attention_variant(q, cache, 128)
+                               for q, cache in (("bfloat16", "bfloat16"), ("bfloat16", "int8"), ("float32", "float32"))},
         "available_isas": list(_C.available_isas()),
         "shrike_isa": os.environ.get("SHRIKE_ISA"),
     }
@@ -237,6 +240,9 @@ def _format_cpu(cpu: dict) -> list[str]:
         f"{scheme.upper()} decode (M=1) {v['decode_m1']}, prefill {v['prefill']}" for scheme, v in linear.items()))
     lines.append("Dense         " + "; ".join(
         f"{dtype} {_dense_variant_text(variant)}" for dtype, variant in cpu["dense_variants"].items()))
+    lines.append("Attention     " + "; ".join(
+        f"{case} {'amx-bf16 tiles' if variant == 'amx' else variant}" for case, variant in cpu["attention_variants"].items())
+        + " (head_dim 128)")
     return lines
 
 
