@@ -176,14 +176,15 @@ def test_we_load_what_the_library_writes(dense_tiny, tmp_path, monkeypatch, pres
             library = torch.cat([expected[f"{p}.{name}"] for name in names])
             assert torch.equal(ours.to(library.dtype), library)
     assert torch.equal(reference.model.lm_head, source.read("lm_head.weight"))  # ignored: stays bf16
-    kernel = load_model(str(dst), progress=False)
     ids = list(range(100, 140))
     # Bit for bit with the fp32 attention walk, whose bf16 outputs equal SDPA's on this model; the AMX walk's
     # differ from them by one bf16 step on ~0.3% of the elements (tests/test_attention_amx.py), so the
-    # comparison runs below the amx level (the AMX linears are compared with their references in test_kernels.py).
+    # comparison runs below the amx level, the kernel model loaded there too (at amx its bf16 lm_head would be
+    # packed as tiles, in the tile order; the AMX linears are compared with their references in test_kernels.py).
     level = _C.active_isa()
     _C.set_isa("avx512bf16" if level == "amx" else level)
     try:
+        kernel = load_model(str(dst), progress=False)
         logits = sequence_logits(kernel.model, ids)
         assert torch.isfinite(logits).all()
         assert torch.equal(logits, sequence_logits(reference.model, ids))
