@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import resource
 import statistics
@@ -183,7 +184,8 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
         raise SystemExit(f"{vllm_bin} not found: build vLLM with `bash benchmarks/build_peers.sh --vllm`")
     log_dir = Path(tempfile.mkdtemp(prefix="bench-logs-", dir=peers.work_dir if peers.work_dir.is_dir() else None))
     setups: list[EngineSetup] = [shrike_setup(shrike_model, checkpoint_kind(shrike_model), args.threads),
-                                 vllm_setup(peers, args.model, args.threads)]
+                                 dataclasses.replace(vllm_setup(peers, args.model, args.threads),
+                                                     label=f"vllm {checkpoint_kind(args.model)}")]
     started = datetime.now(timezone.utc)
     servers, ready_s = [], {}
     for setup in setups:  # one at a time: each start is timed alone
