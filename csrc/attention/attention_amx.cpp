@@ -11,7 +11,7 @@
 #include "attention/amx_walk.h"
 #include "attention/exp_avx512.h"
 #include "attention/kv_int8.h"
-#include "linear/amx_tiles.h"  // configure_tiles: every tile register 16 rows x 64 bytes
+#include "common/amx_tile_config.h"  // configure_tiles: every tile register 16 rows x 64 bytes
 
 namespace shrike::amx {
 namespace {

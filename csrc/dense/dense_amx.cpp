@@ -8,6 +8,7 @@
 
 #include <vector>
 
+#include "common/amx_tile_config.h"
 #include "dense/dense_kernels.h"
 #include "dense/dense_tiles.h"
 
@@ -15,25 +16,8 @@ namespace shrike::amx {
 
 namespace {
 
-struct alignas(64) TileConfig {
-  uint8_t palette_id;
-  uint8_t start_row;
-  uint8_t reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
-
 // tmm0-3 accumulators (rows x 16 fp32; row tile * 2 + panel), tmm4-5 activations (rows x 32 bf16),
-// tmm6-7 weights (16 K pairs x 16 outputs x 2).
-void configure_tiles(int rows) {
-  TileConfig config{};
-  config.palette_id = 1;
-  for (int i = 0; i < 8; ++i) {
-    config.rows[i] = static_cast<uint8_t>(i < 6 ? rows : 16);
-    config.colsb[i] = 64;
-  }
-  _tile_loadconfig(&config);
-}
+// tmm6-7 weights (16 K pairs x 16 outputs x 2); configure_tiles(rows, 6) gives the first six `rows` rows.
 
 constexpr int64_t kTileElements = kDenseTileK * kDensePanelCols;  // one weight tile: 512 bf16
 
@@ -88,7 +72,7 @@ void dense_tile_block(const DenseProblem& p, int64_t r0, int64_t r1, int64_t c0,
   const int64_t a_step = rows * kDenseTileK, row_block_elements = k_tiles * a_step;
   thread_local std::vector<bf16> packed;  // a rows weight's two panels of the current block
   alignas(64) float acc[4][16][16];
-  configure_tiles(rows);
+  configure_tiles(rows, 6);
   for (int64_t c = c0; c < c1; c += 2 * kDensePanelCols) {
     const bool two_panels = c1 - c > kDensePanelCols;
     const bf16* b0 = static_cast<const bf16*>(p.w) + (c / kDensePanelCols) * panel_elements;
