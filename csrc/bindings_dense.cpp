@@ -7,6 +7,7 @@
 
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "bindings.h"
 #include "bindings_util.h"
@@ -69,26 +70,26 @@ void dense_linear_tiles(const Array& x, const Array& tiles, int64_t n, const std
                        ot, shrike::DenseLayout::tiles);
 }
 
-void dense_pack_tiles(const Array& w, Array& tiles) {
-  const std::string op = "dense_pack_tiles";
+// A bf16 weight (N, K) and its tile form, both contiguous and of matching sizes -> (N, K).
+std::pair<int64_t, int64_t> weight_and_tiles(const std::string& op, const Array& w, const Array& tiles) {
   check_bf16(w, op, "weight");
   check_bf16(tiles, op, "tiles");
   require(w.ndim() == 2 && contiguous(w), op, "weight must be contiguous (N, K), got shape " + shape_text(w));
   const int64_t n = dim(w, 0), k = dim(w, 1);
   require(tiles.ndim() == 1 && tiles.size() == shrike::dense_tiles_elements(n, k) && contiguous(tiles), op,
-          "tiles must be contiguous of shape (" + std::to_string(shrike::dense_tiles_elements(n, k)) + ",)");
+          "tiles of shape " + shape_text(tiles) + " do not hold N=" + std::to_string(n) + ", K=" + std::to_string(k) +
+              " (contiguous, " + std::to_string(shrike::dense_tiles_elements(n, k)) + " elements)");
+  return {n, k};
+}
+
+void dense_pack_tiles(const Array& w, Array& tiles) {
+  const auto [n, k] = weight_and_tiles("dense_pack_tiles", w, tiles);
   nb::gil_scoped_release release;
   shrike::dense_pack_tiles(static_cast<const shrike::bf16*>(w.data()), n, k, static_cast<shrike::bf16*>(tiles.data()));
 }
 
 void dense_unpack_tiles(const Array& tiles, Array& w) {
-  const std::string op = "dense_unpack_tiles";
-  check_bf16(tiles, op, "tiles");
-  check_bf16(w, op, "weight");
-  require(w.ndim() == 2 && contiguous(w), op, "weight must be contiguous (N, K), got shape " + shape_text(w));
-  const int64_t n = dim(w, 0), k = dim(w, 1);
-  require(tiles.ndim() == 1 && tiles.size() == shrike::dense_tiles_elements(n, k) && contiguous(tiles), op,
-          "tiles of shape " + shape_text(tiles) + " were not packed for N=" + std::to_string(n) + ", K=" + std::to_string(k));
+  const auto [n, k] = weight_and_tiles("dense_unpack_tiles", w, tiles);
   nb::gil_scoped_release release;
   shrike::dense_unpack_tiles(static_cast<const shrike::bf16*>(tiles.data()), n, k, static_cast<shrike::bf16*>(w.data()));
 }
