@@ -4,7 +4,7 @@
 #   *_avxvnni.cpp x86-64 AVX2 + AVX-VNNI (VEX vpdpbusd)
 #   *_avx512vnni.cpp x86-64 AVX-512 F/BW/VL/DQ + VNNI
 #   *_avx512bf16.cpp x86-64 AVX-512 + VNNI + BF16 (vdpbf16ps)
-#   *_amx.cpp     x86-64 AVX-512 + VNNI + BF16 + AMX-TILE/INT8/BF16 (tdpbssd, tdpbf16ps)
+#   *_amx.cpp     x86-64 AVX-512 + VNNI + BF16 + VBMI + AMX-TILE/INT8/BF16 (tdpbssd, tdpbf16ps)
 #   *_dotprod.cpp aarch64 NEON with SDOT
 #   *_i8mm.cpp    aarch64 NEON with SMMLA
 #   *_sve2.cpp    aarch64 SVE2 (vector-length agnostic)
@@ -19,7 +19,7 @@ if(CMAKE_SYSTEM_PROCESSOR MATCHES "x86_64|AMD64")
   set(SHRIKE_ISA_FLAGS_avxvnni "-mavx2;-mfma;-mf16c;-mavxvnni")
   set(SHRIKE_ISA_FLAGS_avx512vnni "-mavx2;-mfma;-mf16c;-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mavx512vnni")
   set(SHRIKE_ISA_FLAGS_avx512bf16 "-mavx2;-mfma;-mf16c;-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mavx512vnni;-mavx512bf16")
-  set(SHRIKE_ISA_FLAGS_amx "-mavx2;-mfma;-mf16c;-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mavx512vnni;-mavx512bf16;-mamx-tile;-mamx-int8;-mamx-bf16")
+  set(SHRIKE_ISA_FLAGS_amx "-mavx2;-mfma;-mf16c;-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mavx512vnni;-mavx512bf16;-mavx512vbmi;-mamx-tile;-mamx-int8;-mamx-bf16")
 elseif(CMAKE_SYSTEM_PROCESSOR MATCHES "aarch64|arm64")
   set(SHRIKE_ISA_FLAGS_dotprod "-march=armv8.2-a+dotprod")
   set(SHRIKE_ISA_FLAGS_i8mm "-march=armv8.6-a+dotprod+i8mm")

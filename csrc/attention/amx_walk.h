@@ -1,9 +1,13 @@
-// What the AMX-BF16 attention kernel (attention_amx.cpp) and its scalar model (attention_amx_ref.cpp)
-// share: the row blocks of a work item, the keys each row sees, the key tile grid and the scratch.
+// What the AMX attention kernel (attention_amx.cpp) and its scalar model (attention_amx_ref.cpp) share: the
+// row blocks of a work item, the keys each row sees, the key tile grid and the scratch.
 //
 // The walk, per tile of 32 keys, for up to 128 query rows (tokens x heads of the group) in blocks of 32:
-//   S^T (32 keys x rows) = K (keys x d) . Q^T         tdpbf16ps, bf16 queries as they are
-//   s = S^T x factor[key]                             fp32; factor = softmax scale (x the key's int8 scale)
+//   S^T (32 keys x rows) = K (keys x d) . Q^T
+//       bf16 cache: tdpbf16ps, bf16 queries as they are; s = S^T x factor[key], factor = softmax scale
+//       int8 cache: tdpbssd on the int8 keys as the cache holds them, against each query as two int8 terms,
+//            q = qf (hi + lo / 128) with qf = max|q| / 127 (14-15 significant bits, more than the bf16 query
+//            has); S^T = 128 (K . hi) + K . lo exactly in int32, s = (float(S^T) x qf / 128) x factor[key],
+//            factor = softmax scale x the key's int8 scale
 //   per row: m' = max(m, max of the visible s), rescale = exp(m - m'), p = exp(s - m') (0 where not visible)
 //   P (rows x 32 keys) = w = p (x the value's int8 scale) as two bf16 terms: high = w truncated to bf16,
 //            low = (w - high) truncated: 16 significant bits of w (one bf16 would leave 8, and its
@@ -11,7 +15,8 @@
 //   per row: sum = fma(sum, rescale, the weights P stands for, summed in key order): high + low, or that
 //            over the int8 scale (times its fp32 reciprocal; p where the scale is 0), so that the weights
 //            divided by the sum add up to 1 as the tile unit applies them
-//   acc = fma(acc, rescale, (high . V) + (low . V))   two tdpbf16ps into a fresh accumulator, then fp32
+//   acc = fma(acc, rescale, (high . V) + (low . V))   two tdpbf16ps into a fresh accumulator, then fp32;
+//            int8 values enter as their integers, exact in bf16
 // and at the end out = bf16(acc x (1 / sum)), or (acc, m, sum) for a split-K merge.
 //
 // Tiles start at multiples of 32 positions whatever the item, and a row's arithmetic in a tile reads
@@ -35,6 +40,10 @@ constexpr int64_t kRowBlock = 32;   // rows per tile product: two 16-row tiles
 constexpr int64_t kRowBlocks = kItemRows / kRowBlock;
 constexpr int64_t kTileKeys = 32;   // keys per step: two 16-key sub-tiles, one tdpbf16ps deep in P . V
 constexpr int64_t kSubTileKeys = 16;
+constexpr float kQueryLowScale = 128.f;  // int8 cache: q = qf (hi + lo / kQueryLowScale)
+
+// head_dim rounded up to the 64 int8 values of one tdpbssd step (zeros past head_dim).
+constexpr int64_t padded64(int64_t d) { return (d + 63) / 64 * 64; }
 
 // Rows [first_row, first_row + rows) of an item (row r = token r / group, head r % group), the keys
 // [lo[i], hi[i]) row first_row + i sees, their union [key_begin, key_end) over each row block of 32
@@ -83,11 +92,14 @@ inline int64_t slot_of(const PagedAttentionArgs& a, int64_t seq, int64_t p) {
 
 // Per-thread scratch, 64-byte aligned pieces (sizes for head_dim d).
 struct Scratch {
-  bf16* q_t;       // (4, 2, d / 2, 16, 2) per row block, its queries in tdpbf16ps's B layout, 16 rows per tile
-  bf16* k_rows;    // (32, d) keys widened from int8, or gathered when a sub-tile crosses cache blocks
+  bf16* q_t;       // bf16 cache: (8, d / 2, 16, 2) per 16-row tile, its queries in tdpbf16ps's B layout;
+                   // int8 cache: (2, 8, padded64(d) / 4, 16, 4) int8 hi and lo terms in tdpbssd's B layout
+  bf16* k_rows;    // (32, d) bf16 or (32, padded64(d)) int8 keys gathered when a sub-tile crosses cache blocks
   bf16* v_pairs;   // (16, d, 2) the tile's values, two consecutive keys interleaved (B layout)
   bf16* p;         // (2, 32, 32) P of the tile for one row block, row-major (A layout): high, low part
   float* s_t;      // (32 keys, 32 rows) scores of one row block
+  int32_t* s_int;  // (2, 32 keys, 16 rows) int8 cache: K . hi and K . lo of one 16-row tile
+  float* query_factor;  // (128,) int8 cache: qf / 128 per row
   float* pv;       // (32, 32) P . V for 32 columns of head_dim
   float* acc;      // (128, d) unnormalised outputs
   float* row_max;  // (128,)
@@ -107,11 +119,13 @@ inline int64_t lay_out_scratch(int64_t d, float* base, Scratch& s) {
     used += (floats + 15) / 16 * 16;
     return piece;
   };
-  s.q_t = reinterpret_cast<bf16*>(take(kRowBlocks * 16 * d));
-  s.k_rows = reinterpret_cast<bf16*>(take(16 * d));
+  s.q_t = reinterpret_cast<bf16*>(take(kRowBlocks * 16 * padded64(d)));
+  s.k_rows = reinterpret_cast<bf16*>(take(16 * padded64(d)));
   s.v_pairs = reinterpret_cast<bf16*>(take(16 * d));
   s.p = reinterpret_cast<bf16*>(take(kRowBlock * kTileKeys));
   s.s_t = take(kTileKeys * kRowBlock);
+  s.s_int = reinterpret_cast<int32_t*>(take(2 * kTileKeys * 16));
+  s.query_factor = take(kItemRows);
   s.pv = take(kRowBlock * 32);
   s.acc = take(kItemRows * d);
   s.row_max = take(kItemRows);

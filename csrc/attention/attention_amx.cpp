@@ -1,6 +1,6 @@
-// AMX-BF16 attention walk (attention/amx_walk.h): bf16 queries over a bf16 or int8 cache, head_dim % 32 == 0.
-// Tile registers: tmm0-3 fp32 accumulators (16 x 16), tmm4-5 A operands (16 rows x 32 bf16: keys, then
-// P), tmm6-7 B operands (16 pairs x 16 columns x 2 bf16: queries, then values).
+// AMX attention walk (attention/amx_walk.h): bf16 queries over a bf16 or int8 cache, head_dim % 32 == 0.
+// Tile registers: tmm0-3 fp32 (or, for int8 scores, int32) accumulators (16 x 16), tmm4-5 A operands (16 rows
+// x 64 bytes: keys, then P), tmm6-7 B operands (16 rows x 16 columns x 4 bytes: queries, then values).
 // attention_amx_ref.cpp performs the same operations in scalar code; compiled, like it, without
 // floating-point contraction (kernels.cmake), so only the fused multiply-adds written here are fused.
 #include <immintrin.h>
@@ -20,7 +20,7 @@ using namespace amx_walk;
 
 // Where a 16-key sub-tile's rows are for the A operand: straight in the cache, or in k_rows.
 struct KeyRows {
-  const bf16* rows = nullptr;  // nullptr: no key of the sub-tile is walked
+  const void* rows = nullptr;  // bf16 or int8 rows; nullptr: no key of the sub-tile is walked
   int64_t stride_bytes = 0;
 };
 
@@ -53,46 +53,98 @@ void pack_queries(const Walk& k, const ItemRows& b) {
   }
 }
 
+// 16 floats from 16 bf16.
+inline __m512 load_bf16(const bf16* src) {
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+
+// int8 cache: each row's query as two int8 terms (amx_walk.h) in tdpbssd's B layout, per 16-row tile g:
+// byte (c / 4, lane, c % 4) of the tile's hi and lo arrays holds dimension c of row 16g + lane; dimensions
+// past head_dim and lanes past the rows are 0. query_factor[i] = qf / 128 of row i (0 past the rows).
+void pack_queries_int8(const Walk& k, const ItemRows& b) {
+  const int64_t d = k.d, dp = padded64(d);
+  int8_t* hi = reinterpret_cast<int8_t*>(k.s.q_t);
+  int8_t* lo = hi + kItemRows * dp;
+  const int64_t used = (b.rows + 15) / 16 * 16 * dp;
+  std::memset(hi, 0, used);
+  std::memset(lo, 0, used);
+  std::memset(k.s.query_factor, 0, kItemRows * sizeof(float));
+  const bf16* q = static_cast<const bf16*>(k.a.q);
+  const __m512i hi_max = _mm512_set1_epi32(127), lo_max = _mm512_set1_epi32(64);
+  for (int64_t i = 0; i < b.rows; ++i) {
+    const int64_t r = b.first_row + i, t = r / k.group, g = r % k.group;
+    const bf16* row = q + ((k.token0 + t) * k.a.num_heads + k.w.kv_head * k.group + g) * d;
+    __m512 amax = _mm512_setzero_ps();
+    for (int64_t c = 0; c < d; c += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(load_bf16(row + c)));
+    const float qf = _mm512_reduce_max_ps(amax) / 127.f;
+    k.s.query_factor[i] = qf / kQueryLowScale;
+    if (!(qf > 0.f)) continue;
+    const int64_t at = (i / 16) * 16 * dp + (i % 16) * 4;
+    for (int64_t c = 0; c < d; c += 16) {
+      const __m512 x = _mm512_div_ps(load_bf16(row + c), _mm512_set1_ps(qf));
+      __m512i h = _mm512_cvt_roundps_epi32(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      h = _mm512_max_epi32(_mm512_min_epi32(h, hi_max), _mm512_sub_epi32(_mm512_setzero_si512(), hi_max));
+      const __m512 rest = _mm512_mul_ps(_mm512_sub_ps(x, _mm512_cvtepi32_ps(h)), _mm512_set1_ps(kQueryLowScale));
+      __m512i l = _mm512_cvt_roundps_epi32(rest, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      l = _mm512_max_epi32(_mm512_min_epi32(l, lo_max), _mm512_sub_epi32(_mm512_setzero_si512(), lo_max));
+      alignas(16) int8_t hb[16], lb[16];
+      _mm_store_si128(reinterpret_cast<__m128i*>(hb), _mm512_cvtepi32_epi8(h));
+      _mm_store_si128(reinterpret_cast<__m128i*>(lb), _mm512_cvtepi32_epi8(l));
+      for (int quad = 0; quad < 4; ++quad) {
+        std::memcpy(hi + at + (c / 4 + quad) * 64, hb + 4 * quad, 4);
+        std::memcpy(lo + at + (c / 4 + quad) * 64, lb + 4 * quad, 4);
+      }
+    }
+  }
+}
+
 inline __m512i bits(__m512bh v) { return (__m512i)v; }
 inline __m256i bits(__m256bh v) { return (__m256i)v; }
 
-// 32 bf16 from 32 int8 (exact).
-inline __m512i widen32(const int8_t* src) {
-  const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src))));
-  const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 16))));
-  return bits(_mm512_cvtne2ps_pbh(hi, lo));
-}
-
 // The A operand of sub-tile u of the tile at t0, and each walked key's score factor (softmax scale,
 // times its int8 scale). Keys outside [key_begin, key_end) are never seen by a row: their rows
-// are whatever the cache holds (a direct load) or zeros.
+// are whatever the cache holds (a direct load) or zeros. int8 rows are loaded as the cache holds them
+// when a sub-tile lies in one block and head_dim is a multiple of 64, else copied, zero-padded, to k_rows.
 KeyRows key_rows(const Walk& k, const ItemRows& b, int64_t t0, int u) {
   const int64_t first = t0 + u * kSubTileKeys;
   const int64_t begin = std::max(first, b.key_begin), end = std::min(first + kSubTileKeys, b.key_end);
   if (begin >= end) return {};
   float* factor = k.s.key_factor + u * kSubTileKeys;
-  const bool int8 = k.a.cache_dtype == DType::i8;
-  if (!int8 && k.a.block_size % kSubTileKeys == 0) {  // the sub-tile lies in one block
+  const bool in_one_block = k.a.block_size % kSubTileKeys == 0;
+  const int64_t stride = k.a.num_kv_heads * k.head_row;  // cache elements from one slot's row to the next
+  if (k.a.cache_dtype == DType::i8) {
+    const int64_t dp = padded64(k.d);
+    if (in_one_block && dp == k.d) {
+      const int8_t* rows = static_cast<const int8_t*>(k.cache_row(k.a.key_cache, first));
+      for (int64_t j = 0; j < kSubTileKeys; ++j)
+        factor[j] = first + j >= begin && first + j < end ? kv_int8_scale(rows + j * stride, k.d) * k.a.scale : 0.f;
+      return {rows, stride};
+    }
+    int8_t* rows = reinterpret_cast<int8_t*>(k.s.k_rows) + u * kSubTileKeys * dp;
+    for (int64_t j = 0; j < kSubTileKeys; ++j) {
+      int8_t* dst = rows + j * dp;
+      const int64_t p = first + j;
+      std::memset(dst, 0, dp);
+      factor[j] = 0.f;
+      if (p < begin || p >= end) continue;
+      const int8_t* src = static_cast<const int8_t*>(k.cache_row(k.a.key_cache, p));
+      std::memcpy(dst, src, k.d);
+      factor[j] = kv_int8_scale(src, k.d) * k.a.scale;
+    }
+    return {rows, dp};
+  }
+  if (in_one_block) {
     for (int64_t j = 0; j < kSubTileKeys; ++j) factor[j] = k.a.scale;
-    return {static_cast<const bf16*>(k.cache_row(k.a.key_cache, first)), k.a.num_kv_heads * k.head_row * 2};
+    return {k.cache_row(k.a.key_cache, first), stride * 2};
   }
   bf16* rows = k.s.k_rows + u * kSubTileKeys * k.d;
   for (int64_t j = 0; j < kSubTileKeys; ++j) {
     bf16* dst = rows + j * k.d;
     const int64_t p = first + j;
-    if (p < begin || p >= end) {
-      std::memset(dst, 0, k.d * sizeof(bf16));
-      continue;
-    }
-    const void* src = k.cache_row(k.a.key_cache, p);
-    if (!int8) {
-      std::memcpy(dst, src, k.d * sizeof(bf16));
-      factor[j] = k.a.scale;
-      continue;
-    }
-    const int8_t* row = static_cast<const int8_t*>(src);
-    for (int64_t i = 0; i < k.d; i += 32) _mm512_storeu_si512(dst + i, widen32(row + i));
-    factor[j] = kv_int8_scale(row, k.d) * k.a.scale;
+    factor[j] = k.a.scale;
+    if (p < begin || p >= end) std::memset(dst, 0, k.d * sizeof(bf16));
+    else std::memcpy(dst, k.cache_row(k.a.key_cache, p), k.d * sizeof(bf16));
   }
   return {rows, k.d * 2};
 }
@@ -112,12 +164,12 @@ void key_scores(const Walk& k, const KeyRows* keys, int64_t block) {
     _tile_loadd(6, q0 + c * 16, 64);
     if (two) _tile_loadd(7, q1 + c * 16, 64);
     if (keys[0].rows) {
-      _tile_loadd(4, keys[0].rows + c, keys[0].stride_bytes);
+      _tile_loadd(4, static_cast<const bf16*>(keys[0].rows) + c, keys[0].stride_bytes);
       _tile_dpbf16ps(0, 4, 6);
       if (two) _tile_dpbf16ps(1, 4, 7);
     }
     if (keys[1].rows) {
-      _tile_loadd(5, keys[1].rows + c, keys[1].stride_bytes);
+      _tile_loadd(5, static_cast<const bf16*>(keys[1].rows) + c, keys[1].stride_bytes);
       _tile_dpbf16ps(2, 5, 6);
       if (two) _tile_dpbf16ps(3, 5, 7);
     }
@@ -134,10 +186,102 @@ void key_scores(const Walk& k, const KeyRows* keys, int64_t block) {
   }
 }
 
+// int8 cache: the scores of the item's 16-row tile g over the walked sub-tiles, into s_t's columns
+// 16 (g % 2) .. + 15 as float(128 (K . hi) + K . lo) x qf / 128 (softmax_step applies the key factor).
+void key_scores_int8(const Walk& k, const KeyRows* keys, int64_t g) {
+  const int64_t dp = padded64(k.d);
+  const int8_t* hi = reinterpret_cast<const int8_t*>(k.s.q_t) + g * 16 * dp;
+  const int8_t* lo = hi + kItemRows * dp;
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t c = 0; c < dp; c += 64) {  // 64 of head_dim per instruction: B rows are quads c/4 .. c/4 + 15
+    _tile_loadd(6, hi + c * 16, 64);
+    _tile_loadd(7, lo + c * 16, 64);
+    if (keys[0].rows) {
+      _tile_loadd(4, static_cast<const int8_t*>(keys[0].rows) + c, keys[0].stride_bytes);
+      _tile_dpbssd(0, 4, 6);
+      _tile_dpbssd(1, 4, 7);
+    }
+    if (keys[1].rows) {
+      _tile_loadd(5, static_cast<const int8_t*>(keys[1].rows) + c, keys[1].stride_bytes);
+      _tile_dpbssd(2, 5, 6);
+      _tile_dpbssd(3, 5, 7);
+    }
+  }
+  int32_t* s_hi = k.s.s_int;  // (32 keys, 16 rows)
+  int32_t* s_lo = s_hi + kTileKeys * 16;
+  const __m512 query_factor = _mm512_loadu_ps(k.s.query_factor + 16 * g);
+  float* s_t = k.s.s_t + 16 * (g % 2);
+  for (int u = 0; u < 2; ++u) {
+    if (!keys[u].rows) continue;
+    if (u == 0) {
+      _tile_stored(0, s_hi, 64);
+      _tile_stored(1, s_lo, 64);
+    } else {
+      _tile_stored(2, s_hi + 16 * 16, 64);
+      _tile_stored(3, s_lo + 16 * 16, 64);
+    }
+    for (int64_t j = u * kSubTileKeys; j < (u + 1) * kSubTileKeys; ++j) {
+      const __m512i whole = _mm512_add_epi32(_mm512_slli_epi32(_mm512_loadu_si512(s_hi + j * 16), 7),
+                                             _mm512_loadu_si512(s_lo + j * 16));
+      _mm512_storeu_ps(s_t + j * kRowBlock, _mm512_mul_ps(_mm512_cvtepi32_ps(whole), query_factor));
+    }
+  }
+}
+
+// The bytes of bf16(m) for m = 0 .. 127, as two 128-entry tables, and the order in which 64 int8 of a row
+// are taken so that interleaving them in 128-bit lanes leaves the pairs in column order.
+struct Int8ToBf16 {
+  __m512i low0, low1, high0, high1, order;
+};
+
+struct Int8ToBf16Bytes {
+  alignas(64) uint8_t low[128], high[128], order[64];
+  Int8ToBf16Bytes() {
+    for (int m = 0; m < 128; ++m) {
+      const bf16 v = float_to_bf16(static_cast<float>(m));
+      low[m] = static_cast<uint8_t>(v & 0xff), high[m] = static_cast<uint8_t>(v >> 8);
+    }
+    // Lane L, byte b of the taken row: column 16 (b / 4) + 4L + b % 4, so that its bytes 0-7 (8-15) become,
+    // after two unpack steps, columns 0-31 (32-63) in order.
+    for (int pos = 0; pos < 64; ++pos) order[pos] = static_cast<uint8_t>(16 * (pos % 16 / 4) + 4 * (pos / 16) + pos % 4);
+  }
+};
+
+Int8ToBf16 int8_to_bf16_tables() {
+  static const Int8ToBf16Bytes bytes;
+  return {_mm512_load_si512(bytes.low), _mm512_load_si512(bytes.low + 64), _mm512_load_si512(bytes.high),
+          _mm512_load_si512(bytes.high + 64), _mm512_load_si512(bytes.order)};
+}
+
+// Columns c .. c + 63 (`n` of them, 32 or 64) of two int8 rows x and y (nullptr: zeros) as bf16 pairs
+// (x_c, y_c) at dst: exact, by table lookup of |v| and its sign bit.
+inline void widen_pairs(const Int8ToBf16& t, const int8_t* x, const int8_t* y, int64_t n, bf16* dst) {
+  const __mmask64 mask = n == 64 ? ~0ull : (1ull << n) - 1;
+  const __m512i sign = _mm512_set1_epi8(static_cast<char>(0x80));
+  __m512i words[2][2];  // [row][half]: bf16 of the row, lane-interleaved
+  const int8_t* src[2] = {x, y};
+  for (int e = 0; e < 2; ++e) {
+    const __m512i v = src[e] ? _mm512_permutexvar_epi8(t.order, _mm512_maskz_loadu_epi8(mask, src[e])) : _mm512_setzero_si512();
+    const __m512i m = _mm512_abs_epi8(v);
+    const __m512i low = _mm512_permutex2var_epi8(t.low0, m, t.low1);
+    const __m512i high = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(t.high0, m, t.high1), v, sign, 0xf8);  // a | (b & c)
+    words[e][0] = _mm512_unpacklo_epi8(low, high);
+    words[e][1] = _mm512_unpackhi_epi8(low, high);
+  }
+  _mm512_storeu_si512(dst, _mm512_unpacklo_epi16(words[0][0], words[1][0]));
+  _mm512_storeu_si512(dst + 32, _mm512_unpackhi_epi16(words[0][0], words[1][0]));
+  if (n == 32) return;
+  _mm512_storeu_si512(dst + 64, _mm512_unpacklo_epi16(words[0][1], words[1][1]));
+  _mm512_storeu_si512(dst + 96, _mm512_unpackhi_epi16(words[0][1], words[1][1]));
+}
+
 // v_pairs[i] (d, 2) = values of keys 2i and 2i + 1 of the tile interleaved; keys outside the walked range
 // are zeros (their P is 0, and what the cache holds there may not be finite). For int8, the values as
 // integers (exact in bf16), their scales and reciprocals in value_scale and value_scale_inverse.
-void pack_values(const Walk& k, const ItemRows& b, int64_t t0) {
+void pack_values(const Walk& k, const ItemRows& b, int64_t t0, const Int8ToBf16& widen) {
   const int64_t d = k.d;
   const bool int8 = k.a.cache_dtype == DType::i8;
   const __m512i lo_pairs = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38,
@@ -172,13 +316,8 @@ void pack_values(const Walk& k, const ItemRows& b, int64_t t0) {
     }
     const int8_t* x = static_cast<const int8_t*>(src[0]);
     const int8_t* y = static_cast<const int8_t*>(src[1]);
-    for (int64_t c = 0; c < d; c += 16) {
-      const __m128i xv = x ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(x + c)) : _mm_setzero_si128();
-      const __m128i yv = y ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(y + c)) : _mm_setzero_si128();
-      const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_unpacklo_epi8(xv, yv)));
-      const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_unpackhi_epi8(xv, yv)));
-      _mm512_storeu_si512(dst + 2 * c, bits(_mm512_cvtne2ps_pbh(hi, lo)));
-    }
+    for (int64_t c = 0; c < d; c += 64)
+      widen_pairs(widen, x ? x + c : nullptr, y ? y + c : nullptr, std::min<int64_t>(64, d - c), dst + 2 * c);
   }
 }
 
@@ -313,8 +452,10 @@ void accumulate_values(const Walk& k, const ItemRows& b, int64_t block) {
 }
 
 // The walk of the item's rows (up to 128): every key tile is read and packed once, then serves each row block.
-void walk_rows(const Walk& k, const ItemRows& b) {
-  pack_queries(k, b);
+void walk_rows(const Walk& k, const ItemRows& b, const Int8ToBf16& widen) {
+  const bool int8 = k.a.cache_dtype == DType::i8;
+  if (int8) pack_queries_int8(k, b);
+  else pack_queries(k, b);
   for (int64_t r = 0; r < kItemRows; ++r) {
     k.s.row_max[r] = -std::numeric_limits<float>::infinity();
     k.s.row_sum[r] = 0.f;
@@ -323,19 +464,25 @@ void walk_rows(const Walk& k, const ItemRows& b) {
   const int64_t blocks = (b.rows + kRowBlock - 1) / kRowBlock;
   for (int64_t t0 = first_tile(b); t0 < b.key_end; t0 += kTileKeys) {
     const KeyRows keys[2] = {key_rows(k, b, t0, 0), key_rows(k, b, t0, 1)};
-    pack_values(k, b, t0);
+    pack_values(k, b, t0, widen);
     for (int64_t block = 0; block < blocks; ++block) {
       if (!block_in_tile(b, block, t0)) continue;
-      if (b.rows - block * kRowBlock > 16) {
-        key_scores<true>(k, keys, block);
+      const bool two = b.rows - block * kRowBlock > 16;
+      if (int8) {
+        key_scores_int8(k, keys, 2 * block);
         softmax_step(k, b, t0, 2 * block);
-        softmax_step(k, b, t0, 2 * block + 1);
-        accumulate_values<true>(k, b, block);
+        if (two) {
+          key_scores_int8(k, keys, 2 * block + 1);
+          softmax_step(k, b, t0, 2 * block + 1);
+        }
       } else {
-        key_scores<false>(k, keys, block);
+        if (two) key_scores<true>(k, keys, block);
+        else key_scores<false>(k, keys, block);
         softmax_step(k, b, t0, 2 * block);
-        accumulate_values<false>(k, b, block);
+        if (two) softmax_step(k, b, t0, 2 * block + 1);
       }
+      if (two) accumulate_values<true>(k, b, block);
+      else accumulate_values<false>(k, b, block);
     }
   }
 }
@@ -366,10 +513,11 @@ void attend(const PagedAttentionArgs& a, const AttentionWorkItem& w, float* scra
   const int64_t group = a.num_heads / a.num_kv_heads;
   const int64_t head_row = a.cache_dtype == DType::i8 ? kv_int8_row_bytes(a.head_dim) : a.head_dim;
   const Walk k{a, w, a.head_dim, group, a.query_start[w.seq] + w.q_begin, head_row, scratch_at(scratch, a.head_dim)};
+  const Int8ToBf16 widen = int8_to_bf16_tables();
   configure_tiles();
   for (int64_t first = 0; first < w.q_count * group; first += kItemRows) {
     const ItemRows b = item_rows(a, w, first);
-    walk_rows(k, b);
+    walk_rows(k, b, widen);
     finish_rows(k, b);
   }
   _tile_release();

@@ -1,10 +1,12 @@
 // Scalar model of the AMX attention walk (attention_amx.cpp, arithmetic in attention/amx_walk.h): the same
-// operations in the same order, one row at a time, every tdpbf16ps by amx_bf16_step, so the AMX kernel
-// must match it bit for bit. Compiled without floating-point contraction (kernels.cmake), so that only
+// operations in the same order, one row at a time, every tdpbf16ps by amx_bf16_step (tdpbssd sums are exact
+// integers), so the AMX kernel must match it bit for bit. Compiled without floating-point contraction (kernels.cmake), so that only
 // the std::fma calls here are fused.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "attention/amx_walk.h"
 #include "attention/kv_int8.h"
@@ -75,14 +77,30 @@ struct Walk {
   float scale(const uint8_t* row) const { return kv_int8_scale(reinterpret_cast<const int8_t*>(row), d); }
 };
 
+// int8 cache: the query q (d) as two int8 terms, q = qf (hi + lo / 128); returns qf / 128.
+float split_query(const float* q, int64_t d, int32_t* hi, int32_t* lo) {
+  float amax = 0.f;
+  for (int64_t c = 0; c < d; ++c) amax = std::max(amax, std::fabs(q[c]));
+  const float qf = amax / 127.f;
+  for (int64_t c = 0; c < d; ++c) {
+    hi[c] = lo[c] = 0;
+    if (!(qf > 0.f)) continue;
+    const float x = q[c] / qf;
+    hi[c] = std::clamp(static_cast<int32_t>(std::nearbyint(x)), -127, 127);
+    lo[c] = std::clamp(static_cast<int32_t>(std::nearbyint((x - static_cast<float>(hi[c])) * kQueryLowScale)), -64, 64);
+  }
+  return qf / kQueryLowScale;
+}
+
 // Row i of the item's rows b over every tile its row block walks: acc (d) and the final running max and sum.
-// q and key: (d) scratch.
-void walk_row(const Walk& k, const ItemRows& b, int64_t i, float* q, float* key, float* acc, float* row_max,
-              float* row_sum) {
+// q and key: (d) scratch; q_hi and q_lo: (d) scratch for the int8 cache's query terms.
+void walk_row(const Walk& k, const ItemRows& b, int64_t i, float* q, float* key, int32_t* q_hi, int32_t* q_lo,
+              float* acc, float* row_max, float* row_sum) {
   const int64_t d = k.d, r = b.first_row + i;
   const bf16* q_bits = static_cast<const bf16*>(k.a.q) +
                        ((k.token0 + r / k.group) * k.a.num_heads + k.w.kv_head * k.group + r % k.group) * d;
   for (int64_t c = 0; c < d; ++c) q[c] = bf16_to_float(q_bits[c]);
+  const float query_factor = k.int8() ? split_query(q, d, q_hi, q_lo) : 0.f;
   float m = -std::numeric_limits<float>::infinity(), sum = 0.f;
   for (int64_t c = 0; c < d; ++c) acc[c] = 0.f;
   for (int64_t t0 = first_tile(b); t0 < b.key_end; t0 += kTileKeys) {
@@ -99,11 +117,18 @@ void walk_row(const Walk& k, const ItemRows& b, int64_t i, float* q, float* key,
       value_scale_inverse[j] = value_scale[j] > 0.f ? 1.f / value_scale[j] : 0.f;
       if (!seen[j]) continue;
       const uint8_t* key_row = k.row(k.a.key_cache, pos);
-      for (int64_t c = 0; c < d; ++c) key[c] = k.value(key_row, c);
-      float dot = 0.f;
-      for (int64_t c = 0; c < d; c += 32) dot = amx_bf16_step(dot, key + c, q + c, 16);
-      const float factor = k.int8() ? k.scale(key_row) * k.a.scale : k.a.scale;
-      s[j] = dot * factor;
+      if (k.int8()) {
+        const int8_t* key_int = reinterpret_cast<const int8_t*>(key_row);
+        int32_t dot_hi = 0, dot_lo = 0;
+        for (int64_t c = 0; c < d; ++c) dot_hi += key_int[c] * q_hi[c], dot_lo += key_int[c] * q_lo[c];
+        const float whole = static_cast<float>(dot_hi * static_cast<int32_t>(kQueryLowScale) + dot_lo);
+        s[j] = (whole * query_factor) * (k.scale(key_row) * k.a.scale);
+      } else {
+        for (int64_t c = 0; c < d; ++c) key[c] = k.value(key_row, c);
+        float dot = 0.f;
+        for (int64_t c = 0; c < d; c += 32) dot = amx_bf16_step(dot, key + c, q + c, 16);
+        s[j] = dot * k.a.scale;
+      }
       tile_max = tile_max > s[j] ? tile_max : s[j];
     }
     const float new_max = m > tile_max ? m : tile_max;
@@ -140,12 +165,13 @@ void attend(const PagedAttentionArgs& a, const AttentionWorkItem& w, float* scra
   const Scratch s = scratch_at(scratch, d);
   float* q = reinterpret_cast<float*>(s.q_t);
   float* key = reinterpret_cast<float*>(s.k_rows);
+  std::vector<int32_t> q_terms(2 * d);
   for (int64_t first = 0; first < w.q_count * group; first += kItemRows) {
     const ItemRows b = item_rows(a, w, first);
     for (int64_t i = 0; i < b.rows; ++i) {
       const int64_t r = first + i;
       float m, sum;
-      walk_row(k, b, i, q, key, s.acc, &m, &sum);
+      walk_row(k, b, i, q, key, q_terms.data(), q_terms.data() + d, s.acc, &m, &sum);
       if (w.partial) {
         float* p = w.partial + r * (d + 2);
         std::memcpy(p, s.acc, d * sizeof(float));

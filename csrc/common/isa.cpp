@@ -49,10 +49,11 @@ CpuFeatures detect() {
       // F (b16), DQ (b17), BW (b30), VL (b31)
       f.avx512 = zmm_enabled && (b & (1u << 16)) && (b & (1u << 17)) && (b & (1u << 30)) && (b & (1u << 31));
       f.avx512_vnni = f.avx512 && (c & (1u << 11));
+      f.avx512_vbmi = f.avx512 && (c & (1u << 1));
       // AMX-BF16 (d22), AMX-TILE (d24), AMX-INT8 (d25); XCR0 bits 17-18 are the tile config and data
-      // states. Every AMX CPU so far has both data types, so one level covers them.
+      // states. Every AMX CPU so far has both data types and VBMI, so one level covers them.
       bool amx_cpu = (d & (1u << 22)) && (d & (1u << 24)) && (d & (1u << 25)) && (xcr0 & 0x60000) == 0x60000;
-      f.amx = f.avx512_vnni && amx_cpu && request_amx_state();
+      f.amx = f.avx512_vnni && f.avx512_vbmi && amx_cpu && request_amx_state();
       if (__get_cpuid_count(7, 1, &a, &b, &c, &d)) {
         f.avx_vnni = a & (1u << 4);
         f.avx512_bf16 = f.avx512 && (a & (1u << 5));

@@ -18,8 +18,8 @@ struct CpuFeatures {
   // x86
   bool avx2 = false, fma = false, f16c = false, avx_vnni = false;
   bool avx512 = false;  // F, BW, VL, DQ with the OS saving zmm state
-  bool avx512_vnni = false, avx512_bf16 = false;
-  bool amx = false;  // AMX-TILE + AMX-INT8 + AMX-BF16, tile state enabled by the OS and granted to this process
+  bool avx512_vnni = false, avx512_bf16 = false, avx512_vbmi = false;
+  bool amx = false;  // AMX-TILE + AMX-INT8 + AMX-BF16 (and AVX512-VBMI), tile state enabled by the OS and granted to this process
   // aarch64
   bool asimddp = false, i8mm = false, sve = false, sve2 = false, bf16 = false;
 };
