@@ -40,7 +40,8 @@ constexpr int64_t kRowBlock = 32;   // rows per tile product: two 16-row tiles
 constexpr int64_t kRowBlocks = kItemRows / kRowBlock;
 constexpr int64_t kTileKeys = 32;   // keys per step: two 16-key sub-tiles, one tdpbf16ps deep in P . V
 constexpr int64_t kSubTileKeys = 16;
-constexpr float kQueryLowScale = 128.f;  // int8 cache: q = qf (hi + lo / kQueryLowScale)
+constexpr int kQueryLowBits = 7;  // int8 cache: q = qf (hi + lo / 2^kQueryLowBits), |lo| <= 2^(kQueryLowBits - 1)
+constexpr float kQueryLowScale = 1 << kQueryLowBits;
 
 // head_dim rounded up to the 64 int8 values of one tdpbssd step (zeros past head_dim).
 constexpr int64_t padded64(int64_t d) { return (d + 63) / 64 * 64; }

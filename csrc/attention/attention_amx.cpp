@@ -71,7 +71,7 @@ void pack_queries_int8(const Walk& k, const ItemRows& b) {
   std::memset(lo, 0, used);
   std::memset(k.s.query_factor, 0, kItemRows * sizeof(float));
   const bf16* q = static_cast<const bf16*>(k.a.q);
-  const __m512i hi_max = _mm512_set1_epi32(127), lo_max = _mm512_set1_epi32(64);
+  const __m512i hi_max = _mm512_set1_epi32(127), lo_max = _mm512_set1_epi32(1 << (kQueryLowBits - 1));
   for (int64_t i = 0; i < b.rows; ++i) {
     const int64_t r = b.first_row + i, t = r / k.group, g = r % k.group;
     const bf16* row = q + ((k.token0 + t) * k.a.num_heads + k.w.kv_head * k.group + g) * d;
@@ -99,7 +99,6 @@ void pack_queries_int8(const Walk& k, const ItemRows& b) {
   }
 }
 
-inline __m512i bits(__m512bh v) { return (__m512i)v; }
 inline __m256i bits(__m256bh v) { return (__m256i)v; }
 
 // The A operand of sub-tile u of the tile at t0, and each walked key's score factor (softmax scale,
@@ -224,7 +223,7 @@ void key_scores_int8(const Walk& k, const KeyRows* keys, int64_t g) {
       _tile_stored(3, s_lo + 16 * 16, 64);
     }
     for (int64_t j = u * kSubTileKeys; j < (u + 1) * kSubTileKeys; ++j) {
-      const __m512i whole = _mm512_add_epi32(_mm512_slli_epi32(_mm512_loadu_si512(s_hi + j * 16), 7),
+      const __m512i whole = _mm512_add_epi32(_mm512_slli_epi32(_mm512_loadu_si512(s_hi + j * 16), kQueryLowBits),
                                              _mm512_loadu_si512(s_lo + j * 16));
       _mm512_storeu_ps(s_t + j * kRowBlock, _mm512_mul_ps(_mm512_cvtepi32_ps(whole), query_factor));
     }

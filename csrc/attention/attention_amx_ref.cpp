@@ -87,7 +87,8 @@ float split_query(const float* q, int64_t d, int32_t* hi, int32_t* lo) {
     if (!(qf > 0.f)) continue;
     const float x = q[c] / qf;
     hi[c] = std::clamp(static_cast<int32_t>(std::nearbyint(x)), -127, 127);
-    lo[c] = std::clamp(static_cast<int32_t>(std::nearbyint((x - static_cast<float>(hi[c])) * kQueryLowScale)), -64, 64);
+    lo[c] = std::clamp(static_cast<int32_t>(std::nearbyint((x - static_cast<float>(hi[c])) * kQueryLowScale)),
+                       -(1 << (kQueryLowBits - 1)), 1 << (kQueryLowBits - 1));
   }
   return qf / kQueryLowScale;
 }
@@ -121,7 +122,7 @@ void walk_row(const Walk& k, const ItemRows& b, int64_t i, float* q, float* key,
         const int8_t* key_int = reinterpret_cast<const int8_t*>(key_row);
         int32_t dot_hi = 0, dot_lo = 0;
         for (int64_t c = 0; c < d; ++c) dot_hi += key_int[c] * q_hi[c], dot_lo += key_int[c] * q_lo[c];
-        const float whole = static_cast<float>(dot_hi * static_cast<int32_t>(kQueryLowScale) + dot_lo);
+        const float whole = static_cast<float>(dot_hi * (1 << kQueryLowBits) + dot_lo);
         s[j] = (whole * query_factor) * (k.scale(key_row) * k.a.scale);
       } else {
         for (int64_t c = 0; c < d; ++c) key[c] = k.value(key_row, c);
