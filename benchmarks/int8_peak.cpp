@@ -1,6 +1,8 @@
-// Per-core int8 (and bf16) multiply-add peak of this x86 CPU, for stating kernel efficiency: the
-// clock from a dependent imul chain (3 cycles each), the throughput of 512-bit vpdpbusd (AVX-512
-// VNNI) and 256-bit VEX vpdpbusd (AVX-VNNI) on 12 independent accumulators, and on AMX CPUs of
+// Per-core int8 (and bf16, fp32) multiply-add peak of this x86 CPU, for stating kernel efficiency:
+// the clock from a dependent imul chain (3 cycles each), the throughput of 256-bit vpmaddubsw (the
+// AVX2 int8 product: 16 pair sums of two u8 x s8 products each) and fp32 FMA (the AVX2 attention
+// walk), of 512-bit vpdpbusd (AVX-512 VNNI) and 256-bit VEX vpdpbusd (AVX-VNNI), all on 12
+// independent accumulators, and on AMX CPUs of
 // tdpbssd (int8) and tdpbf16ps (bf16) on 4 independent accumulator tiles. Best of many short
 // rounds, so other processes on a shared machine mostly drop out.
 //   g++ -O3 benchmarks/int8_peak.cpp -o /tmp/int8_peak && /tmp/int8_peak
@@ -38,6 +40,42 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) double zmm_per_second(lon
   SHRIKE_12(ADD)
 #undef ADD
   volatile int sink = _mm512_reduce_add_epi32(sum);
+  (void)sink;
+  return iterations * 12.0 / seconds;
+}
+
+// vpmaddubsw writes its pair sums instead of accumulating, so eight of them on fixed operands into
+// eight registers are independent (in asm: the compiler would fold them into one).
+__attribute__((target("avx2"))) double maddubs_per_second(long iterations) {
+  auto start = Clock::now();
+  for (long n = 0; n < iterations; ++n)
+    __asm__ volatile(
+        "vpmaddubsw %%ymm0, %%ymm1, %%ymm2\n\tvpmaddubsw %%ymm0, %%ymm1, %%ymm3\n\t"
+        "vpmaddubsw %%ymm0, %%ymm1, %%ymm4\n\tvpmaddubsw %%ymm0, %%ymm1, %%ymm5\n\t"
+        "vpmaddubsw %%ymm0, %%ymm1, %%ymm6\n\tvpmaddubsw %%ymm0, %%ymm1, %%ymm7\n\t"
+        "vpmaddubsw %%ymm0, %%ymm1, %%ymm8\n\tvpmaddubsw %%ymm0, %%ymm1, %%ymm9"
+        ::: "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9");
+  return iterations * 8.0 / since(start);
+}
+
+__attribute__((target("avx2,fma"))) double fma_per_second(long iterations) {
+  __m256 w = _mm256_set1_ps(0.999f), x = _mm256_set1_ps(1e-3f);
+#define INIT(i) __m256 a##i = _mm256_set1_ps(i);
+  SHRIKE_12(INIT)
+#undef INIT
+  auto start = Clock::now();
+  for (long n = 0; n < iterations; ++n) {
+#define STEP(i) a##i = _mm256_fmadd_ps(a##i, w, x);
+    SHRIKE_12(STEP)
+#undef STEP
+    __asm__ volatile("" : : "x"(w), "x"(x));
+  }
+  double seconds = since(start);
+  __m256 sum = _mm256_setzero_ps();
+#define ADD(i) sum = _mm256_add_ps(sum, a##i);
+  SHRIKE_12(ADD)
+#undef ADD
+  volatile float sink = _mm256_cvtss_f32(sum);
   (void)sink;
   return iterations * 12.0 / seconds;
 }
@@ -110,16 +148,22 @@ double cycles_per_second(long iterations) {
 
 int main() {
   __builtin_cpu_init();
+  bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   bool zmm = __builtin_cpu_supports("avx512vnni"), ymm = __builtin_cpu_supports("avxvnni");
   bool amx = __builtin_cpu_supports("amx-int8") && __builtin_cpu_supports("amx-bf16") && amx_granted();
-  double hz = 0, z = 0, y = 0, ti = 0, tb = 0;
+  double hz = 0, mb = 0, f = 0, z = 0, y = 0, ti = 0, tb = 0;
   for (int round = 0; round < 400; ++round) {
     hz = std::max(hz, cycles_per_second(250000));
+    if (avx2) mb = std::max(mb, maddubs_per_second(100000)), f = std::max(f, fma_per_second(100000));
     if (zmm) z = std::max(z, zmm_per_second(100000));
     if (ymm) y = std::max(y, ymm_per_second(100000));
     if (amx && round % 4 == 0) ti = std::max(ti, tiles_per_second<false>(20000)), tb = std::max(tb, tiles_per_second<true>(20000));
   }
   std::printf("clock %.2f GHz\n", hz / 1e9);
+  // One vpmaddubsw does 32 int8 multiplies and 16 adds (its pair sums; summing those on is extra work).
+  if (avx2) std::printf("vpmaddubsw ymm: %.2f per cycle, %.0f int8 Gop/s per core (32 multiply-adds each)\n", mb / hz,
+                        mb * 32 * 2 / 1e9);
+  if (avx2) std::printf("vfmadd ymm fp32: %.2f per cycle, %.0f Gflop/s per core\n", f / hz, f * 8 * 2 / 1e9);
   // One vpdpbusd does 4 multiply-adds per 32-bit lane; an op is a multiply or an add.
   if (zmm) std::printf("vpdpbusd zmm: %.2f per cycle, %.0f int8 Gop/s per core\n", z / hz, z * 16 * 4 * 2 / 1e9);
   if (ymm) std::printf("vpdpbusd ymm (VEX): %.2f per cycle, %.0f int8 Gop/s per core\n", y / hz, y * 8 * 4 * 2 / 1e9);

@@ -21,6 +21,11 @@ inline __m256i broadcast4(const int8_t* p) {
   return _mm256_set1_epi32(v);
 }
 
+// GCC reassociates integer adds: a row's chain of pair-sum updates becomes a tree whose many
+// maddubs results are all live at once, and they spill to the stack (the kernel ran at a third
+// of its instruction bound). An empty asm on the accumulator after each update keeps the chain.
+inline void pin_in_register(__m256i& v) { __asm__("" : "+x"(v)); }
+
 inline __m256 load_bias(const float* bias, int64_t col, int valid) {
   if (!bias) return _mm256_setzero_ps();
   if (valid == 8) return _mm256_loadu_ps(bias + col);

@@ -32,8 +32,10 @@ void rows_x_tile(const W4A8Problem& p, int64_t i0, int64_t t) {
         __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
         for (int r = 0; r < MR; ++r) {
           const int8_t* q = p.q + (i0 + r) * p.k + kb + 8 * s;
-          __m256i both = _mm256_add_epi16(_mm256_maddubs_epi16(lo, broadcast4(q)), _mm256_maddubs_epi16(hi, broadcast4(q + 4)));
-          pair_sums[r] = _mm256_add_epi16(pair_sums[r], both);
+          pair_sums[r] = _mm256_add_epi16(pair_sums[r], _mm256_maddubs_epi16(lo, broadcast4(q)));
+          pin_in_register(pair_sums[r]);
+          pair_sums[r] = _mm256_add_epi16(pair_sums[r], _mm256_maddubs_epi16(hi, broadcast4(q + 4)));
+          pin_in_register(pair_sums[r]);
         }
       }
       for (int r = 0; r < MR; ++r) isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(pair_sums[r], ones));
