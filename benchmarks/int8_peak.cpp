@@ -20,29 +20,34 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
-#define SHRIKE_12(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
-
-__attribute__((target("avx512f,avx512bw,avx512vnni"))) double zmm_per_second(long iterations) {
-  __m512i w = _mm512_set1_epi8(3), x = _mm512_set1_epi8(5);
-#define INIT(i) __m512i a##i = _mm512_set1_epi32(i);
-  SHRIKE_12(INIT)
-#undef INIT
-  auto start = Clock::now();
-  for (long n = 0; n < iterations; ++n) {
-#define STEP(i) a##i = _mm512_dpbusd_epi32(a##i, w, x);
-    SHRIKE_12(STEP)
-#undef STEP
-    __asm__ volatile("" : : "v"(w), "v"(x));
+// Defines NAME(iterations): instructions per second of UPDATE(acc, w, x) on 12 independent accumulators
+// of type T (started as SET1(i)), with operands w and x the compiler cannot see through; the
+// accumulators are summed (ADD) and kept (SINK) so that nothing is optimised away.
+#define SHRIKE_THROUGHPUT(NAME, TARGET, T, W, X, SET1, UPDATE, ADD, SINK)    \
+  __attribute__((target(TARGET))) double NAME(long iterations) {            \
+    auto w = W;                                                             \
+    auto x = X;                                                             \
+    T a[12];                                                                \
+    for (int i = 0; i < 12; ++i) a[i] = SET1(i);                            \
+    auto start = Clock::now();                                              \
+    for (long n = 0; n < iterations; ++n) {                                 \
+      _Pragma("GCC unroll 12") for (int i = 0; i < 12; ++i) a[i] = UPDATE(a[i], w, x); \
+      __asm__ volatile("" : : "v"(w), "v"(x));                              \
+    }                                                                       \
+    double seconds = since(start);                                          \
+    T sum = a[0];                                                           \
+    for (int i = 1; i < 12; ++i) sum = ADD(sum, a[i]);                      \
+    volatile auto sink = SINK(sum);                                         \
+    (void)sink;                                                             \
+    return iterations * 12.0 / seconds;                                     \
   }
-  double seconds = since(start);
-  __m512i sum = _mm512_setzero_si512();
-#define ADD(i) sum = _mm512_add_epi32(sum, a##i);
-  SHRIKE_12(ADD)
-#undef ADD
-  volatile int sink = _mm512_reduce_add_epi32(sum);
-  (void)sink;
-  return iterations * 12.0 / seconds;
-}
+
+SHRIKE_THROUGHPUT(zmm_per_second, "avx512f,avx512bw,avx512vnni", __m512i, _mm512_set1_epi8(3), _mm512_set1_epi8(5),
+                  _mm512_set1_epi32, _mm512_dpbusd_epi32, _mm512_add_epi32, _mm512_reduce_add_epi32)
+SHRIKE_THROUGHPUT(ymm_per_second, "avx2,avxvnni", __m256i, _mm256_set1_epi8(3), _mm256_set1_epi8(5), _mm256_set1_epi32,
+                  _mm256_dpbusd_avx_epi32, _mm256_add_epi32, _mm256_movemask_epi8)
+SHRIKE_THROUGHPUT(fma_per_second, "avx2,fma", __m256, _mm256_set1_ps(0.999f), _mm256_set1_ps(1e-3f),
+                  _mm256_set1_ps, _mm256_fmadd_ps, _mm256_add_ps, _mm256_cvtss_f32)
 
 // vpmaddubsw writes its pair sums instead of accumulating, so eight of them on fixed operands into
 // eight registers are independent (in asm: the compiler would fold them into one).
@@ -56,50 +61,6 @@ __attribute__((target("avx2"))) double maddubs_per_second(long iterations) {
         "vpmaddubsw %%ymm0, %%ymm1, %%ymm8\n\tvpmaddubsw %%ymm0, %%ymm1, %%ymm9"
         ::: "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9");
   return iterations * 8.0 / since(start);
-}
-
-__attribute__((target("avx2,fma"))) double fma_per_second(long iterations) {
-  __m256 w = _mm256_set1_ps(0.999f), x = _mm256_set1_ps(1e-3f);
-#define INIT(i) __m256 a##i = _mm256_set1_ps(i);
-  SHRIKE_12(INIT)
-#undef INIT
-  auto start = Clock::now();
-  for (long n = 0; n < iterations; ++n) {
-#define STEP(i) a##i = _mm256_fmadd_ps(a##i, w, x);
-    SHRIKE_12(STEP)
-#undef STEP
-    __asm__ volatile("" : : "x"(w), "x"(x));
-  }
-  double seconds = since(start);
-  __m256 sum = _mm256_setzero_ps();
-#define ADD(i) sum = _mm256_add_ps(sum, a##i);
-  SHRIKE_12(ADD)
-#undef ADD
-  volatile float sink = _mm256_cvtss_f32(sum);
-  (void)sink;
-  return iterations * 12.0 / seconds;
-}
-
-__attribute__((target("avx2,avxvnni"))) double ymm_per_second(long iterations) {
-  __m256i w = _mm256_set1_epi8(3), x = _mm256_set1_epi8(5);
-#define INIT(i) __m256i a##i = _mm256_set1_epi32(i);
-  SHRIKE_12(INIT)
-#undef INIT
-  auto start = Clock::now();
-  for (long n = 0; n < iterations; ++n) {
-#define STEP(i) a##i = _mm256_dpbusd_avx_epi32(a##i, w, x);
-    SHRIKE_12(STEP)
-#undef STEP
-    __asm__ volatile("" : : "x"(w), "x"(x));
-  }
-  double seconds = since(start);
-  __m256i sum = _mm256_setzero_si256();
-#define ADD(i) sum = _mm256_add_epi32(sum, a##i);
-  SHRIKE_12(ADD)
-#undef ADD
-  volatile int sink = _mm256_extract_epi32(sum, 0);
-  (void)sink;
-  return iterations * 12.0 / seconds;
 }
 
 struct alignas(64) TileConfig {
