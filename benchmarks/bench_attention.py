@@ -5,7 +5,8 @@ CONTEXT-token sequence) and of one decode step, bf16 queries over a bf16 and an 
 
 Shapes default to MiniCPM5-2B's (16 query heads, 2 KV heads, head_dim 128), block size 16. FLOPs count the two
 matrix products over the keys each query sees (4 x head_dim per query head and visible key). Medians of --reps runs;
-each variant is run on the same data, interleaved.
+each variant is run on the same data, interleaved. `--layers N` cycles through N caches per timed call, so that
+long contexts are read from memory as in a model, not from the last-level cache.
 """
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ from shrike import _C
 from shrike.layers import kv_int8
 
 
-def make_case(context: int, q_len: int, heads: int, kv_heads: int, head_dim: int, block_size: int, kv: str):
-    gen = torch.Generator().manual_seed(0)
+def make_case(context: int, q_len: int, heads: int, kv_heads: int, head_dim: int, block_size: int, kv: str,
+              seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
     blocks = -(-context // block_size)
     shape = (blocks * block_size, kv_heads, head_dim)
     k, v = (torch.randn(shape, generator=gen) for _ in range(2))  # (slots, kv_heads, head_dim)
@@ -66,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--layers", type=int, default=1,
+                        help="caches cycled through per timed call, like a model's layers: with several, a long "
+                             "context's cache no longer fits in the last-level cache (an int8 cache at 32k does)")
     args = parser.parse_args(argv)
     _C.set_threads(args.threads, [])
     before = _C.active_isa()
@@ -73,15 +78,18 @@ def main(argv: list[str] | None = None) -> int:
     for kv in args.kv:
         for context in args.contexts:
             for q_len in (min(args.chunk, context), 1):
-                q, k, v, tables, qs, cl = make_case(context, q_len, args.heads, args.kv_heads, args.head_dim,
-                                                    args.block_size, kv)
-                out = torch.empty_like(q)
+                layers = [make_case(context, q_len, args.heads, args.kv_heads, args.head_dim, args.block_size, kv,
+                                    seed) for seed in range(args.layers)]
+                out = torch.empty_like(layers[0][0])
+
+                def call():
+                    for q, k, v, tables, qs, cl in layers:
+                        _C.paged_attention(q, k, v, tables, qs, cl, args.block_size, args.head_dim ** -0.5, out)
                 samples: dict[str, list[float]] = {isa: [] for isa in args.isas}
                 for _ in range(args.reps):
                     for isa in args.isas:
                         _C.set_isa(isa)
-                        seconds = seconds_per_call(lambda: _C.paged_attention(q, k, v, tables, qs, cl, args.block_size,
-                                                                              args.head_dim ** -0.5, out))
+                        seconds = seconds_per_call(call) / args.layers
                         samples[isa].append(gflops(context, q_len, args.heads, args.head_dim) / seconds)
                 print(f"{kv:<5}{context:>8}{q_len:>7}" +
                       "".join(f"{statistics.median(samples[isa]):>20.1f}" for isa in args.isas), flush=True)
