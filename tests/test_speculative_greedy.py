@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
 from test_engine_batching import _gib_for_blocks
 
 from shrike.engine.llm_engine import EngineConfig, LLMEngine
@@ -135,3 +136,18 @@ def test_logprobs_stop_strings_and_n_equal_plain(plain_engine, spec_engine, plai
     assert got[1][0].finish_reason == "stop" and "polished" not in got[1][0].text
     _check_speculated(engine, before)
     _check_all_blocks_free(engine)
+
+
+def test_int8_kv_cache_equals_plain_int8(default_model_dir):
+    """With the int8 KV cache too: verifying proposals writes and reads quantized rows exactly as plain
+    decoding does, and rollbacks leave nothing behind."""
+    plain_int8 = make_engine(default_model_dir, speculative=False, kv_cache_dtype="int8")
+    spec_int8 = make_engine(default_model_dir, speculative=True, kv_cache_dtype="int8")
+    assert spec_int8.runner.kv_caches[0].key.dtype == plain_int8.runner.kv_caches[0].key.dtype == torch.int8
+    prompts = [plain_int8.tokenizer.encode(t) for t in TEXTS]
+    expected = [plain_int8.generate([p], GREEDY)[0][0].token_ids for p in prompts]
+    before = dataclasses.replace(spec_int8.speculator.stats)
+    assert [spec_int8.generate([p], GREEDY)[0][0].token_ids for p in prompts] == expected
+    assert [o[0].token_ids for o in spec_int8.generate(prompts, GREEDY)] == expected
+    _check_speculated(spec_int8, before)
+    _check_all_blocks_free(spec_int8)
