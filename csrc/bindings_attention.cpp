@@ -104,6 +104,17 @@ void paged_attention_amx_reference(const Array& q, const Array& key_cache, const
   shrike::paged_attention_amx_reference(a);
 }
 
+void paged_attention_int16_reference(const Array& q, const Array& key_cache, const Array& value_cache,
+                                     const Array& block_tables, const Array& query_start, const Array& context_lens,
+                                     int64_t block_size, float scale, Array& out, int64_t sliding_window) {
+  const shrike::PagedAttentionArgs a = checked_args(q, key_cache, value_cache, block_tables, query_start, context_lens,
+                                                    block_size, scale, out, sliding_window);
+  if (!shrike::int16_attention_serves(a))
+    fail("the int16-dot walk takes bf16 queries, an int8 cache and head_dim % 32 == 0, at most 256");
+  nb::gil_scoped_release release;
+  shrike::paged_attention_int16_reference(a);
+}
+
 shrike::DType attention_dtype(const std::string& name) {
   if (name == "float32") return shrike::DType::f32;
   if (name == "bfloat16") return shrike::DType::bf16;
@@ -117,7 +128,8 @@ void bind_attention(nb::module_& m) {
   m.def("attention_variant", [](const std::string& q_dtype, const std::string& cache_dtype, int64_t head_dim) {
     return std::string(shrike::attention_variant(attention_dtype(q_dtype), attention_dtype(cache_dtype), head_dim));
   }, nb::arg("q_dtype"), nb::arg("cache_dtype"), nb::arg("head_dim"),
-        "The walk paged_attention runs at the active level: amx, avx512vnni, avx2, sve2, neon or scalar.");
+        "The walk paged_attention runs at the active level: amx, avx512vnni-int16, avx512vnni, avx2, sve2, neon "
+        "or scalar.");
   m.def("paged_attention", &paged_attention, nb::arg("q"), nb::arg("key_cache"), nb::arg("value_cache"),
         nb::arg("block_tables"), nb::arg("query_start"), nb::arg("context_lens"), nb::arg("block_size"), nb::arg("scale"),
         nb::arg("out").noconvert(), nb::arg("sliding_window") = 0,
@@ -129,4 +141,9 @@ void bind_attention(nb::module_& m) {
         nb::arg("block_size"), nb::arg("scale"), nb::arg("out").noconvert(), nb::arg("sliding_window") = 0,
         "paged_attention computed by the scalar model of the AMX kernel, on any CPU: the bits the amx variant "
         "gives (bf16 q, bf16 or int8 cache, head_dim % 32 == 0; for tests).");
+  m.def("paged_attention_int16_reference", &paged_attention_int16_reference, nb::arg("q"), nb::arg("key_cache"),
+        nb::arg("value_cache"), nb::arg("block_tables"), nb::arg("query_start"), nb::arg("context_lens"),
+        nb::arg("block_size"), nb::arg("scale"), nb::arg("out").noconvert(), nb::arg("sliding_window") = 0,
+        "paged_attention computed by the scalar model of the int16-dot walk, on any CPU: the bits the "
+        "avx512vnni-int16 walk gives (bf16 q, int8 cache, head_dim % 32 == 0 and <= 256; for tests).");
 }

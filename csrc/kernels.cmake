@@ -37,9 +37,11 @@ foreach(src ${SHRIKE_ALL_SOURCES})
   list(APPEND SHRIKE_SOURCES ${src})
 endforeach()
 
-# The AMX attention kernel and its scalar model must round alike: no multiply-add fused unless written
-# as one (the GNU dialect's default -ffp-contract=fast would fuse some in one file and not the other).
+# The AMX and int16-dot attention kernels and their scalar models must round alike: no multiply-add fused
+# unless written as one (the GNU dialect's default -ffp-contract=fast would fuse some in one file and not the other).
 set_property(SOURCE ${CMAKE_CURRENT_LIST_DIR}/attention/attention_amx.cpp ${CMAKE_CURRENT_LIST_DIR}/attention/attention_amx_ref.cpp
+                    ${CMAKE_CURRENT_LIST_DIR}/attention/attention_int16_avx512vnni.cpp
+                    ${CMAKE_CURRENT_LIST_DIR}/attention/attention_int16_ref.cpp
              APPEND PROPERTY COMPILE_OPTIONS -ffp-contract=off)
 
 add_library(shrike_kernels STATIC ${SHRIKE_SOURCES})

@@ -78,6 +78,10 @@ namespace sve2 { SHRIKE_DECLARE_ATTEND }
 // and its scalar model, the same arithmetic bit for bit on any CPU.
 namespace amx { SHRIKE_DECLARE_ATTEND }
 namespace amx_ref { SHRIKE_DECLARE_ATTEND }
+// int16 dot products (attention/int16_walk.h): bf16 queries over an int8 cache, head_dim % 32 == 0 and <= 256;
+// and its scalar model, the same arithmetic bit for bit on any CPU.
+namespace avx512vnni_int16 { SHRIKE_DECLARE_ATTEND }
+namespace int16_ref { SHRIKE_DECLARE_ATTEND }
 #undef SHRIKE_DECLARE_ATTEND
 
 // Query rows per work item of the AMX walk: it carries them all through each key tile, the cache
@@ -88,11 +92,18 @@ int64_t amx_attention_scratch_floats(int64_t head_dim);
 // Whether the AMX kernel's arithmetic serves these arguments (the AMX kernel itself runs them when
 // the active variant is amx).
 bool amx_attention_serves(const PagedAttentionArgs& args);
+// Floats of per-thread scratch the int16-dot walk needs for an item of `rows` query rows.
+int64_t int16_attention_scratch_floats(int64_t rows, int64_t head_dim);
+// Whether the int16-dot walk's arithmetic serves these arguments.
+bool int16_attention_serves(const PagedAttentionArgs& args);
 // Which walk paged_attention runs at the active level for these dtypes and head_dim (for shrike doctor):
-// "amx" (tiles), "avx512vnni", "avx2", "sve2", "neon" or "scalar".
+// "amx" (tiles), "avx512vnni-int16", "avx512vnni", "avx2", "sve2", "neon" or "scalar".
 const char* attention_variant(DType q_dtype, DType cache_dtype, int64_t head_dim);
 // paged_attention with every work item run by amx_ref::attend, whatever the CPU: the bits the AMX
 // kernel must give. Only for arguments amx_attention_serves.
 void paged_attention_amx_reference(const PagedAttentionArgs& args);
+// paged_attention with every work item run by int16_ref::attend: the bits the avx512vnni-int16 walk must
+// give. Only for arguments int16_attention_serves.
+void paged_attention_int16_reference(const PagedAttentionArgs& args);
 
 }  // namespace shrike

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "attention/amx_walk.h"
+#include "attention/exp_scalar.h"
 #include "attention/kv_int8.h"
 #include "common/amx_bf16_order.h"
 
@@ -23,26 +24,6 @@ namespace amx_ref {
 namespace {
 
 using namespace amx_walk;
-
-// exp_nonpositive (exp_avx512.h) one lane at a time: max_ps(x, c) is x > c ? x : c (c for NaN),
-// fnmadd(n, c, x) is fma(-n, c, x).
-float exp_nonpositive(float x) {
-  x = x > -87.3f ? x : -87.3f;
-  const float n = std::nearbyint(x * 1.44269504088896341f);
-  x = std::fma(-n, 0.693359375f, x);
-  x = std::fma(-n, -2.12194440e-4f, x);
-  float y = 1.9875691500e-4f;
-  y = std::fma(y, x, 1.3981999507e-3f);
-  y = std::fma(y, x, 8.3334519073e-3f);
-  y = std::fma(y, x, 4.1665795894e-2f);
-  y = std::fma(y, x, 1.6666665459e-1f);
-  y = std::fma(y, x, 5.0000001201e-1f);
-  y = std::fma(y, x * x, x + 1.f);
-  const uint32_t pow2n_bits = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
-  float pow2n;
-  std::memcpy(&pow2n, &pow2n_bits, 4);
-  return y * pow2n;
-}
 
 // vcvtne(2)ps2bf16: a denormal reads as zero, then round to nearest even.
 bf16 to_bf16_bits(float x) {
@@ -133,12 +114,12 @@ void walk_row(const Walk& k, const ItemRows& b, int64_t i, float* q, float* key,
       tile_max = tile_max > s[j] ? tile_max : s[j];
     }
     const float new_max = m > tile_max ? m : tile_max;
-    const float rescale = exp_nonpositive(m - new_max);
+    const float rescale = exp_nonpositive_scalar(m - new_max);
     float tile_sum = 0.f;
     for (int64_t j = 0; j < kTileKeys; ++j) {
       high[j] = low[j] = 0.f;
       if (!seen[j]) continue;
-      const float p = exp_nonpositive(s[j] - new_max);
+      const float p = exp_nonpositive_scalar(s[j] - new_max);
       const float w = k.int8() ? p * value_scale[j] : p;
       high[j] = truncate_to_bf16(w);
       low[j] = truncate_to_bf16(w - high[j]);

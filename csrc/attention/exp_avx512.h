@@ -1,5 +1,5 @@
-// exp for the AVX-512 attention walks (avx512vnni, amx). The AMX kernel's scalar model
-// (attention_amx_ref.cpp, exp_nonpositive_scalar) performs the same operations one lane at a time.
+// exp for the AVX-512 attention walks (avx512vnni, int16 dots, amx). Their scalar models
+// (attention_amx_ref.cpp, attention_int16_ref.cpp) perform the same operations one lane at a time (exp_scalar.h).
 // Internal linkage: each including file compiles it with its own target flags.
 #pragma once
 #include <immintrin.h>
