@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 #include "attention/exp_avx512.h"
 #include "attention/int16_walk.h"
@@ -28,6 +29,8 @@ inline void store_bf16(bf16* p, __m512 v) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(b));
 }
 inline __m512i load_i16(const int16_t* p) { return _mm512_loadu_si512(p); }
+// 32 int8 values as int16.
+inline __m512i widen(const int8_t* p) { return _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
 
 // Lane u of the result is the sum of the lanes of a[u], for 8 vectors.
 inline __m256i transpose_sum8(const __m512i* a) {
@@ -42,7 +45,8 @@ inline __m256i transpose_sum8(const __m512i* a) {
 // q16 of one row into q16 (d), returns qf.
 float quantize_query(const bf16* q, float scale, int64_t d, int16_t* q16) {
   __m512 amax = _mm512_setzero_ps();
-  for (int64_t c = 0; c < d; c += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_mul_ps(load_bf16(q + c), _mm512_set1_ps(scale))));
+  for (int64_t c = 0; c < d; c += 16)
+    amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_mul_ps(load_bf16(q + c), _mm512_set1_ps(scale))));
   const float qf = _mm512_reduce_max_ps(amax) / kLevels;
   for (int64_t c = 0; c < d; c += 16) {
     __m512i x = _mm512_setzero_si512();
@@ -55,13 +59,16 @@ float quantize_query(const bf16* q, float scale, int64_t d, int16_t* q16) {
   return qf;
 }
 
-// The tile's keys widened to int16, its values as key pairs, and their scales (0 past the n keys).
-void gather_tile(const PagedAttentionArgs& a, const AttentionWorkItem& w, int64_t t0, int64_t n, const Scratch& s) {
+// The tile's keys [first, n) widened to int16, its values as key pairs, and their scales (0 for the other keys;
+// their int16 keys are left as they were and never weigh: p = 0, w16 = 0).
+void gather_tile(const PagedAttentionArgs& a, const AttentionWorkItem& w, int64_t t0, int64_t first, int64_t n,
+                 const Scratch& s) {
   const int64_t d = a.head_dim;
-  for (int64_t j = 0; j < n; ++j) {
+  for (int64_t j = 0; j < kTileKeys; ++j) s.key_scale[j] = s.value_scale[j] = 0.f;
+  for (int64_t j = first; j < n; ++j) {
     const int8_t* row = cache_row(a, w, a.key_cache, t0 + j);
     for (int64_t c = 0; c < d; c += 32)
-      _mm512_storeu_si512(s.keys + j * d + c, _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + c))));
+      _mm512_storeu_si512(s.keys + j * d + c, widen(row + c));
     s.key_scale[j] = kv_int8_scale(row, d);
   }
   // Word 2i of a pair vector is column i of the even key, word 2i + 1 that of the odd key.
@@ -71,28 +78,27 @@ void gather_tile(const PagedAttentionArgs& a, const AttentionWorkItem& w, int64_
     high_index[2 * i] = static_cast<int16_t>(16 + i), high_index[2 * i + 1] = static_cast<int16_t>(48 + i);
   }
   const __m512i low = _mm512_load_si512(low_index), high = _mm512_load_si512(high_index);
-  for (int64_t j = 0; j < n; j += 2) {
-    const int8_t* even = cache_row(a, w, a.value_cache, t0 + j);
-    const int8_t* odd = j + 1 < n ? cache_row(a, w, a.value_cache, t0 + j + 1) : nullptr;
-    s.value_scale[j] = kv_int8_scale(even, d);
-    if (odd) s.value_scale[j + 1] = kv_int8_scale(odd, d);
+  auto widened = [&](int64_t j, int64_t c) {
+    if (j < first || j >= n) return _mm512_setzero_si512();
+    const int8_t* row = cache_row(a, w, a.value_cache, t0 + j);
+    if (c == 0) s.value_scale[j] = kv_int8_scale(row, d);
+    return widen(row + c);
+  };
+  for (int64_t j = first / 2 * 2; j < n; j += 2) {
     int16_t* pairs = s.value_pairs + j * d;  // pair j / 2: (d, 2)
     for (int64_t c = 0; c < d; c += 32) {
-      const __m512i e = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(even + c)));
-      const __m512i o = odd ? _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(odd + c)))
-                            : _mm512_setzero_si512();
-      _mm512_storeu_si512(pairs + 2 * c, _mm512_permutex2var_epi16(e, low, o));
-      _mm512_storeu_si512(pairs + 2 * c + 32, _mm512_permutex2var_epi16(e, high, o));
+      const __m512i even = widened(j, c), odd = widened(j + 1, c);
+      _mm512_storeu_si512(pairs + 2 * c, _mm512_permutex2var_epi16(even, low, odd));
+      _mm512_storeu_si512(pairs + 2 * c + 32, _mm512_permutex2var_epi16(even, high, odd));
     }
   }
-  for (int64_t j = n; j < kTileKeys; ++j) s.key_scale[j] = s.value_scale[j] = 0.f;
 }
 
-// The tile's int32 dots q16 . k_j for 32 keys (keys past n: whatever, masked by the caller).
-inline void query_key_dots(const int16_t* q16, const int16_t* keys, int64_t n, int64_t d, __m512i* dot) {
+// The tile's int32 dots q16 . k_j for 32 keys (keys outside [first, n): whatever, masked by the caller).
+inline void query_key_dots(const int16_t* q16, const int16_t* keys, int64_t first, int64_t n, int64_t d, __m512i* dot) {
   __m256i part[4];
   for (int b = 0; b < 4; ++b) {
-    if (8 * b >= n) {
+    if (8 * b >= n || 8 * b + 8 <= first) {
       part[b] = _mm256_setzero_si256();
       continue;
     }
@@ -110,11 +116,12 @@ inline void query_key_dots(const int16_t* q16, const int16_t* keys, int64_t n, i
 
 // acc[0 .. 16 NV) = fma(acc, rescale, float(sum over pairs of w16 . v) x wf).
 template <int NV>
-inline void accumulate_slice(float* acc, const int16_t* pairs, int64_t d, const int32_t* weight_pairs, int64_t n_pairs,
+inline void accumulate_slice(float* acc, const int16_t* pairs, int64_t d, const int32_t* weight_pairs,
+                             int64_t first_pair, int64_t n_pairs,
                              float rescale, float weight_factor) {
   __m512i sum[NV];
   for (int u = 0; u < NV; ++u) sum[u] = _mm512_setzero_si512();
-  for (int64_t i = 0; i < n_pairs; ++i) {
+  for (int64_t i = first_pair; i < n_pairs; ++i) {
     const __m512i wv = _mm512_set1_epi32(weight_pairs[i]);
     for (int u = 0; u < NV; ++u) sum[u] = _mm512_dpwssd_epi32(sum[u], wv, load_i16(pairs + i * 2 * d + 32 * u));
   }
@@ -134,10 +141,10 @@ inline float tile_sum(__m512 p0, __m512 p1) {
 }
 
 // One row of the item through the tile at t0 (n keys, of which it sees mask).
-void walk_row(const Scratch& s, int64_t r, int64_t d, int64_t n, uint32_t mask) {
+void walk_row(const Scratch& s, int64_t r, int64_t d, int64_t first, int64_t n, uint32_t mask) {
   const __mmask16 m0 = static_cast<__mmask16>(mask), m1 = static_cast<__mmask16>(mask >> 16);
   __m512i dot[2];
-  query_key_dots(s.q + r * d, s.keys, n, d, dot);
+  query_key_dots(s.q + r * d, s.keys, first, n, d, dot);
   const __m512 qf = _mm512_set1_ps(s.query_factor[r]);
   const __m512 s0 = _mm512_mul_ps(_mm512_cvtepi32_ps(dot[0]), _mm512_mul_ps(qf, _mm512_loadu_ps(s.key_scale)));
   const __m512 s1 = _mm512_mul_ps(_mm512_cvtepi32_ps(dot[1]), _mm512_mul_ps(qf, _mm512_loadu_ps(s.key_scale + 16)));
@@ -162,12 +169,16 @@ void walk_row(const Scratch& s, int64_t r, int64_t d, int64_t n, uint32_t mask) 
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(s.weights), _mm512_cvtepi32_epi16(w16_0));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(s.weights + 16), _mm512_cvtepi32_epi16(w16_1));
   const int32_t* weight_pairs = reinterpret_cast<const int32_t*>(s.weights);
-  const int64_t n_pairs = (n + 1) / 2;
+  const int64_t first_pair = first / 2, n_pairs = (n + 1) / 2;
   float* acc = s.acc + r * d;
+  auto slice = [&](auto columns, int64_t c) {  // columns / 16 accumulators in registers
+    accumulate_slice<decltype(columns)::value / 16>(acc + c, s.value_pairs + 2 * c, d, weight_pairs, first_pair,
+                                                    n_pairs, rescale, weight_factor);
+  };
   int64_t c = 0;
-  for (; c + 128 <= d; c += 128) accumulate_slice<8>(acc + c, s.value_pairs + 2 * c, d, weight_pairs, n_pairs, rescale, weight_factor);
-  if (c + 64 <= d) accumulate_slice<4>(acc + c, s.value_pairs + 2 * c, d, weight_pairs, n_pairs, rescale, weight_factor), c += 64;
-  if (c < d) accumulate_slice<2>(acc + c, s.value_pairs + 2 * c, d, weight_pairs, n_pairs, rescale, weight_factor);
+  for (; c + 128 <= d; c += 128) slice(std::integral_constant<int, 128>{}, c);
+  if (c + 64 <= d) slice(std::integral_constant<int, 64>{}, c), c += 64;
+  if (c < d) slice(std::integral_constant<int, 32>{}, c);
 }
 
 }  // namespace
@@ -187,15 +198,15 @@ void attend(const PagedAttentionArgs& a, const AttentionWorkItem& w, float* scra
     const RowKeys k = row_keys(a, w, r);
     if (k.lo < k.hi) key_begin = std::min(key_begin, k.lo), key_end = std::max(key_end, k.hi);
   }
-  for (int64_t t0 = key_begin; t0 < key_end; t0 += kTileKeys) {
-    const int64_t n = std::min(kTileKeys, key_end - t0);
-    gather_tile(a, w, t0, n, s);
+  for (int64_t t0 = first_tile(key_begin); t0 < key_end; t0 += kTileKeys) {
+    const int64_t first = std::max<int64_t>(0, key_begin - t0), n = std::min(kTileKeys, key_end - t0);
+    gather_tile(a, w, t0, first, n, s);
     for (int64_t r = 0; r < rows; ++r) {
       const RowKeys k = row_keys(a, w, r);
       const int64_t lo = std::max(k.lo, t0) - t0, hi = std::min(k.hi, t0 + n) - t0;
       if (lo >= hi) continue;
       const uint32_t mask = static_cast<uint32_t>(((uint64_t{1} << hi) - 1) & ~((uint64_t{1} << lo) - 1));
-      walk_row(s, r, d, n, mask);
+      walk_row(s, r, d, first, n, mask);
     }
   }
   for (int64_t r = 0; r < rows; ++r) {

@@ -27,9 +27,10 @@ float quantize_query(const bf16* q, float scale, int64_t d, int16_t* q16) {
   float amax = 0.f;
   for (int64_t c = 0; c < d; ++c) amax = std::max(amax, std::fabs(bf16_to_float(q[c]) * scale));
   const float qf = amax / kLevels;
-  for (int64_t c = 0; c < d; ++c)
-    q16[c] = qf > 0.f ? static_cast<int16_t>(std::clamp(std::nearbyint(bf16_to_float(q[c]) * scale / qf), -kLevels, kLevels))
-                      : 0;
+  for (int64_t c = 0; c < d; ++c) {
+    const float x = qf > 0.f ? std::nearbyint(bf16_to_float(q[c]) * scale / qf) : 0.f;
+    q16[c] = static_cast<int16_t>(std::clamp(x, -kLevels, kLevels));
+  }
   return qf;
 }
 
@@ -59,15 +60,16 @@ void attend(const PagedAttentionArgs& a, const AttentionWorkItem& w, float* scra
     const RowKeys k = row_keys(a, w, r);
     if (k.lo < k.hi) key_begin = std::min(key_begin, k.lo), key_end = std::max(key_end, k.hi);
   }
-  for (int64_t t0 = key_begin; t0 < key_end; t0 += kTileKeys) {
-    const int64_t n = std::min(kTileKeys, key_end - t0);
+  for (int64_t t0 = first_tile(key_begin); t0 < key_end; t0 += kTileKeys) {
+    const int64_t first = std::max<int64_t>(0, key_begin - t0), n = std::min(kTileKeys, key_end - t0);
     const int8_t* key_row[kTileKeys];
     const int8_t* value_row[kTileKeys];
     for (int64_t j = 0; j < kTileKeys; ++j) {
-      key_row[j] = j < n ? cache_row(a, w, a.key_cache, t0 + j) : nullptr;
-      value_row[j] = j < n ? cache_row(a, w, a.value_cache, t0 + j) : nullptr;
-      s.key_scale[j] = j < n ? kv_int8_scale(key_row[j], d) : 0.f;
-      s.value_scale[j] = j < n ? kv_int8_scale(value_row[j], d) : 0.f;
+      const bool read = j >= first && j < n;
+      key_row[j] = read ? cache_row(a, w, a.key_cache, t0 + j) : nullptr;
+      value_row[j] = read ? cache_row(a, w, a.value_cache, t0 + j) : nullptr;
+      s.key_scale[j] = read ? kv_int8_scale(key_row[j], d) : 0.f;
+      s.value_scale[j] = read ? kv_int8_scale(value_row[j], d) : 0.f;
     }
     for (int64_t r = 0; r < rows; ++r) {
       const RowKeys k = row_keys(a, w, r);
@@ -96,10 +98,11 @@ void attend(const PagedAttentionArgs& a, const AttentionWorkItem& w, float* scra
       const float weight_factor = weight_max / kLevels;
       int32_t w16[kTileKeys];
       for (int64_t j = 0; j < kTileKeys; ++j)
-        w16[j] = weight_factor > 0.f ? static_cast<int32_t>(std::min(std::nearbyint(weight[j] / weight_factor), kLevels)) : 0;
+        w16[j] = weight_factor > 0.f ? static_cast<int32_t>(std::min(std::nearbyint(weight[j] / weight_factor), kLevels))
+                                     : 0;
       for (int64_t c = 0; c < d; ++c) {
         int32_t pv = 0;
-        for (int64_t j = 0; j < n; ++j) pv += w16[j] * value_row[j][c];
+        for (int64_t j = first; j < n; ++j) pv += w16[j] * value_row[j][c];
         float& acc = s.acc[r * d + c];
         acc = std::fma(acc, rescale, static_cast<float>(pv) * weight_factor);
       }

@@ -6,7 +6,8 @@
 // and multiplied by int16 operands with vpdpwssd (pairs of int16 products summed into int32, exact):
 //   per query row, once: qs = q x softmax scale (fp32), qf = max|qs| / 32767, q16 = round(qs / qf)
 //            (15 significant bits; the bf16 query itself has 8)
-//   per tile of 32 keys (gathered across cache blocks, int16 keys and key pairs of values in scratch):
+//   per tile of 32 keys (from a multiple of 32; gathered across cache blocks into scratch: int16 keys, and values
+//   as pairs of keys per column):
 //     s_j   = float(q16 . k8_j) x (qf x kscale_j)                 exact int32 dot, one rounding
 //     m'    = max(m, max of the visible s),  rescale = exp(m - m'),  p_j = exp(s_j - m') (0 where not visible)
 //     sum   = fma(sum, rescale, sum of p over the tile in the fixed tree of tile_sum)
@@ -30,6 +31,10 @@ namespace {
 
 constexpr int64_t kTileKeys = 32;
 constexpr float kLevels = 32767.f;  // int16 magnitude of the largest query element and tile weight
+
+// Tiles start at multiples of kTileKeys positions whatever the item (a split-K item's keys start at a multiple),
+// so that a row's tiles, and with them its bits, do not depend on the rows it shares an item with.
+inline int64_t first_tile(int64_t key_begin) { return key_begin / kTileKeys * kTileKeys; }
 
 // Keys [lo, hi) that row r of the item sees.
 struct RowKeys {
@@ -60,7 +65,7 @@ struct Scratch {
   float* row_sum;        // (rows,)
   int16_t* keys;         // (kTileKeys, d) the tile's keys widened
   int16_t* value_pairs;  // (kTileKeys / 2, d, 2) the tile's values, keys 2i and 2i + 1 side by side per column
-  float* key_scale;      // (kTileKeys,) 0 past the tile's keys
+  float* key_scale;      // (kTileKeys,) 0 for keys of the tile the item does not read
   float* value_scale;    // (kTileKeys,)
   int16_t* weights;      // (kTileKeys,) w16 of one row
 };
