@@ -70,7 +70,7 @@ constexpr int64_t kSerialWork = 1 << 17;
 struct SplitGroup {
   int64_t seq, kv_head, q_begin, q_count;
   size_t first_item, first_partial;  // in `items`, and offset of chunk 0 in the partial buffer
-  int64_t chunks;
+  int64_t chunks, item_stride;        // chunk c is items[first_item + c * item_stride]
 };
 
 // out rows of `g` = sum_c e^(m_c - M) acc_c / sum_c e^(m_c - M) s_c over its key chunks c.
@@ -115,17 +115,20 @@ void run_items(const PagedAttentionArgs& a, const Kernel& kernel) {
     // Later query blocks see more keys: queue them first so the long items do not come last.
     for (int64_t end = q_len; end > 0; end -= tokens_per_item) {
       const int64_t begin = std::max<int64_t>(0, end - tokens_per_item);
+      if (!split) {
+        for (int64_t h = 0; h < a.num_kv_heads; ++h) items.push_back({b, h, begin, end - begin});
+        continue;
+      }
+      const int64_t chunks = (context + kSplitKeys - 1) / kSplitKeys;
       for (int64_t h = 0; h < a.num_kv_heads; ++h) {
-        if (!split) {
-          items.push_back({b, h, begin, end - begin});
-          continue;
-        }
-        const int64_t chunks = (context + kSplitKeys - 1) / kSplitKeys;
-        splits.push_back({b, h, begin, end - begin, items.size(), partial_floats, chunks});
-        for (int64_t c = 0; c < chunks; ++c)
-          items.push_back({b, h, begin, end - begin, c * kSplitKeys, (c + 1) * kSplitKeys, nullptr});
+        splits.push_back({b, h, begin, end - begin, items.size() + h, partial_floats, chunks, a.num_kv_heads});
         partial_floats += chunks * (end - begin) * group * (a.head_dim + 2);
       }
+      // Chunk by chunk, every KV head: the heads' items over the same keys run side by side, so the cache
+      // lines they share (a slot holds the rows of all heads) are read from memory once.
+      for (int64_t c = 0; c < chunks; ++c)
+        for (int64_t h = 0; h < a.num_kv_heads; ++h)
+          items.push_back({b, h, begin, end - begin, c * kSplitKeys, (c + 1) * kSplitKeys, nullptr});
     }
   }
   work *= 2 * a.num_heads * a.head_dim;
@@ -137,7 +140,7 @@ void run_items(const PagedAttentionArgs& a, const Kernel& kernel) {
   float* const partials = partial_buffer.data();
   for (const SplitGroup& g : splits)
     for (int64_t c = 0; c < g.chunks; ++c)
-      items[g.first_item + c].partial = partials + g.first_partial + c * g.q_count * group * (a.head_dim + 2);
+      items[g.first_item + c * g.item_stride].partial = partials + g.first_partial + c * g.q_count * group * (a.head_dim + 2);
 
   auto run = [&](int64_t i) {
     thread_local std::vector<float> scratch;
