@@ -64,12 +64,16 @@ float quantize_query(const bf16* q, float scale, int64_t d, int16_t* q16) {
 void gather_tile(const PagedAttentionArgs& a, const AttentionWorkItem& w, int64_t t0, int64_t first, int64_t n,
                  const Scratch& s) {
   const int64_t d = a.head_dim;
+  int64_t offset[kTileKeys];
+  tile_rows(a, w, t0, first, n, offset);
+  const int8_t* key_cache = static_cast<const int8_t*>(a.key_cache);
+  const int8_t* value_cache = static_cast<const int8_t*>(a.value_cache);
   for (int64_t j = 0; j < kTileKeys; ++j) s.key_scale[j] = s.value_scale[j] = 0.f;
   for (int64_t j = first; j < n; ++j) {
-    const int8_t* row = cache_row(a, w, a.key_cache, t0 + j);
-    for (int64_t c = 0; c < d; c += 32)
-      _mm512_storeu_si512(s.keys + j * d + c, widen(row + c));
+    const int8_t* row = key_cache + offset[j];
+    for (int64_t c = 0; c < d; c += 32) _mm512_storeu_si512(s.keys + j * d + c, widen(row + c));
     s.key_scale[j] = kv_int8_scale(row, d);
+    s.value_scale[j] = kv_int8_scale(value_cache + offset[j], d);
   }
   // Word 2i of a pair vector is column i of the even key, word 2i + 1 that of the odd key.
   alignas(64) int16_t low_index[32], high_index[32];
@@ -78,18 +82,15 @@ void gather_tile(const PagedAttentionArgs& a, const AttentionWorkItem& w, int64_
     high_index[2 * i] = static_cast<int16_t>(16 + i), high_index[2 * i + 1] = static_cast<int16_t>(48 + i);
   }
   const __m512i low = _mm512_load_si512(low_index), high = _mm512_load_si512(high_index);
-  auto widened = [&](int64_t j, int64_t c) {
-    if (j < first || j >= n) return _mm512_setzero_si512();
-    const int8_t* row = cache_row(a, w, a.value_cache, t0 + j);
-    if (c == 0) s.value_scale[j] = kv_int8_scale(row, d);
-    return widen(row + c);
-  };
   for (int64_t j = first / 2 * 2; j < n; j += 2) {
+    const int8_t* even = j >= first ? value_cache + offset[j] : nullptr;
+    const int8_t* odd = j + 1 < n ? value_cache + offset[j + 1] : nullptr;
     int16_t* pairs = s.value_pairs + j * d;  // pair j / 2: (d, 2)
     for (int64_t c = 0; c < d; c += 32) {
-      const __m512i even = widened(j, c), odd = widened(j + 1, c);
-      _mm512_storeu_si512(pairs + 2 * c, _mm512_permutex2var_epi16(even, low, odd));
-      _mm512_storeu_si512(pairs + 2 * c + 32, _mm512_permutex2var_epi16(even, high, odd));
+      const __m512i e = even ? widen(even + c) : _mm512_setzero_si512();
+      const __m512i o = odd ? widen(odd + c) : _mm512_setzero_si512();
+      _mm512_storeu_si512(pairs + 2 * c, _mm512_permutex2var_epi16(e, low, o));
+      _mm512_storeu_si512(pairs + 2 * c + 32, _mm512_permutex2var_epi16(e, high, o));
     }
   }
 }

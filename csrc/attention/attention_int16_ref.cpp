@@ -62,12 +62,14 @@ void attend(const PagedAttentionArgs& a, const AttentionWorkItem& w, float* scra
   }
   for (int64_t t0 = first_tile(key_begin); t0 < key_end; t0 += kTileKeys) {
     const int64_t first = std::max<int64_t>(0, key_begin - t0), n = std::min(kTileKeys, key_end - t0);
+    int64_t offset[kTileKeys];
+    tile_rows(a, w, t0, first, n, offset);
     const int8_t* key_row[kTileKeys];
     const int8_t* value_row[kTileKeys];
     for (int64_t j = 0; j < kTileKeys; ++j) {
       const bool read = j >= first && j < n;
-      key_row[j] = read ? cache_row(a, w, a.key_cache, t0 + j) : nullptr;
-      value_row[j] = read ? cache_row(a, w, a.value_cache, t0 + j) : nullptr;
+      key_row[j] = read ? static_cast<const int8_t*>(a.key_cache) + offset[j] : nullptr;
+      value_row[j] = read ? static_cast<const int8_t*>(a.value_cache) + offset[j] : nullptr;
       s.key_scale[j] = read ? kv_int8_scale(key_row[j], d) : 0.f;
       s.value_scale[j] = read ? kv_int8_scale(value_row[j], d) : 0.f;
     }

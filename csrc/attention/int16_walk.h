@@ -49,11 +49,17 @@ inline RowKeys row_keys(const PagedAttentionArgs& a, const AttentionWorkItem& w,
   return {std::max(w.key_begin, oldest), std::min(w.key_end, pos + 1)};
 }
 
-// Row of position p of the item's sequence and KV head in one int8 cache (values, then the scale).
-inline const int8_t* cache_row(const PagedAttentionArgs& a, const AttentionWorkItem& w, const void* cache, int64_t p) {
-  const int64_t slot =
-      static_cast<int64_t>(a.block_tables[w.seq * a.max_blocks + p / a.block_size]) * a.block_size + p % a.block_size;
-  return static_cast<const int8_t*>(cache) + (slot * a.num_kv_heads + w.kv_head) * kv_int8_row_bytes(a.head_dim);
+// Offsets in either int8 cache of the rows (values, then the scale) of positions [t0 + first, t0 + n) of the item's
+// sequence and KV head; one division per tile.
+inline void tile_rows(const PagedAttentionArgs& a, const AttentionWorkItem& w, int64_t t0, int64_t first, int64_t n,
+                      int64_t* offset) {
+  const int32_t* table = a.block_tables + w.seq * a.max_blocks;
+  int64_t block = (t0 + first) / a.block_size, in_block = (t0 + first) % a.block_size;
+  for (int64_t j = first; j < n; ++j) {
+    const int64_t slot = static_cast<int64_t>(table[block]) * a.block_size + in_block;
+    offset[j] = (slot * a.num_kv_heads + w.kv_head) * kv_int8_row_bytes(a.head_dim);
+    if (++in_block == a.block_size) in_block = 0, ++block;
+  }
 }
 
 // Per-thread scratch for an item of `rows` query rows, head_dim d.
