@@ -250,12 +250,13 @@ def test_prefix_cache_hit_gives_identical_output(compiled, eager):
 
 # Accuracy on SmolLM2 and a long prompt on a 2B-shaped model -------------------------------------------
 
-# Measured (kernel path, chunks of 512 tokens), bf16 vs int8 cache, with (dense order, attention walk) =
-# (lanes, fp32) / (AMX tiles, fp32) / (AMX tiles, AMX tiles, the default at the amx level):
-#   public_domain_english.txt (2,236 tokens): +0.05% / -0.01% / -0.20% (18.1143 -> 18.0786), greedy agreement
-#     96.4% / 95.7% / 96.3%
-#   calibration_bill_of_rights.txt (609 tokens): +0.30% / +1.59% / +1.19% (5.4542 -> 5.5190), agreement
-#     95.7% / 96.2% / 95.6%
+# Measured (kernel path, chunks of 512 tokens), bf16 vs int8 cache, with (dense order, int8 attention walk) =
+# (lanes, fp32) / (AMX tiles, fp32) / (AMX tiles, AMX tiles, the default at the amx level) / (lanes, int16 dots,
+# the default at the avx512 levels since 2026-12-03):
+#   public_domain_english.txt (2,236 tokens): +0.05% / -0.01% / -0.20% (18.1143 -> 18.0786) / +0.12% (18.0730 ->
+#     18.0947), greedy agreement 96.4% / 95.7% / 96.3% / 95.8%
+#   calibration_bill_of_rights.txt (609 tokens): +0.30% / +1.59% / +1.19% (5.4542 -> 5.5190) / +0.47% (5.4723 ->
+#     5.4979), agreement 95.7% / 96.2% / 95.6% / 96.0%
 # On the short text rounding alone moves the bf16-cache perplexity by up to 0.9% (the dense order: 5.4723 vs
 # 5.4277; the attention walk: 5.4723 vs 5.4235; each changes one bf16 step on 0.02-0.3% of the elements), so its
 # bound carries that noise; the long text keeps the bound.

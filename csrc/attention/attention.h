@@ -9,7 +9,8 @@
 // GQA: query head h reads KV head h / (num_heads / num_kv_heads).
 //
 // An int8 cache (cache_dtype i8) holds rows of head_dim int8 values plus a float32 scale
-// (attention/kv_int8.h); the walk dequantizes them tile by tile.
+// (attention/kv_int8.h); the fp32 walks dequantize them tile by tile, the int16-dot walk
+// (attention/int16_walk.h) and the AMX walk multiply the int8 values as integers.
 //
 // Decode at long context is split by keys as well (split-K): a sequence with few new tokens
 // gets one work item per kSplitKeys keys and KV head, each leaving an unnormalised partial

@@ -38,7 +38,9 @@ inline void dot_pairs(__m512i& acc, __m512i x, const int16_t* p) {
   __asm__("" : "+v"(acc));
 }
 // 32 int8 values as int16.
-inline __m512i widen(const int8_t* p) { return _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+inline __m512i widen(const int8_t* p) {
+  return _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
 
 // Lane u of the result is the sum of the lanes of a[u], for 8 vectors.
 inline __m256i transpose_sum8(const __m512i* a) {
@@ -104,7 +106,8 @@ void gather_tile(const PagedAttentionArgs& a, const AttentionWorkItem& w, int64_
 }
 
 // The tile's int32 dots q16 . k_j for 32 keys (keys outside [first, n): whatever, masked by the caller).
-__attribute__((noinline)) void query_key_dots(const int16_t* q16, const int16_t* keys, int64_t first, int64_t n, int64_t d, __m512i* dot) {
+__attribute__((noinline)) void query_key_dots(const int16_t* q16, const int16_t* keys, int64_t first, int64_t n,
+                                              int64_t d, __m512i* dot) {
   __m256i part[4];
   for (int b = 0; b < 4; ++b) {
     if (8 * b >= n || 8 * b + 8 <= first) {
@@ -125,9 +128,9 @@ __attribute__((noinline)) void query_key_dots(const int16_t* q16, const int16_t*
 
 // acc[0 .. 16 NV) = fma(acc, rescale, float(sum over pairs of w16 . v) x wf).
 template <int NV>
-__attribute__((noinline)) void accumulate_slice(float* acc, const int16_t* pairs, int64_t d, const int32_t* weight_pairs,
-                             int64_t first_pair, int64_t n_pairs,
-                             float rescale, float weight_factor) {
+__attribute__((noinline)) void accumulate_slice(float* acc, const int16_t* pairs, int64_t d,
+                                                const int32_t* weight_pairs, int64_t first_pair, int64_t n_pairs,
+                                                float rescale, float weight_factor) {
   __m512i sum[NV];
   for (int u = 0; u < NV; ++u) sum[u] = _mm512_setzero_si512();
   for (int64_t i = first_pair; i < n_pairs; ++i) {

@@ -99,9 +99,10 @@ void attend(const PagedAttentionArgs& a, const AttentionWorkItem& w, float* scra
       s.row_max[r] = new_max;
       const float weight_factor = weight_max / kLevels;
       int32_t w16[kTileKeys];
-      for (int64_t j = 0; j < kTileKeys; ++j)
-        w16[j] = weight_factor > 0.f ? static_cast<int32_t>(std::min(std::nearbyint(weight[j] / weight_factor), kLevels))
-                                     : 0;
+      for (int64_t j = 0; j < kTileKeys; ++j) {
+        const float level = weight_factor > 0.f ? std::nearbyint(weight[j] / weight_factor) : 0.f;
+        w16[j] = static_cast<int32_t>(std::min(level, kLevels));
+      }
       for (int64_t c = 0; c < d; ++c) {
         int32_t pv = 0;
         for (int64_t j = first; j < n; ++j) pv += w16[j] * value_row[j][c];
