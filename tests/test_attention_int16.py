@@ -16,7 +16,7 @@ import torch
 
 from shrike import _C
 from test_attention import make_batch, sdpa_float64
-from test_attention_amx import HEADS, SCENARIOS, batch, one_sequence_steps, run
+from test_attention_amx import HEADS, SCENARIOS, batch, one_sequence_steps, restore_isa, run  # noqa: F401 (fixture)
 
 VNNI = "avx512vnni" in _C.available_isas()
 needs_vnni = pytest.mark.skipif(not VNNI,
@@ -27,13 +27,6 @@ MODEL_ATOL = 0.025
 def int16_kernel(*args):
     _C.set_isa("avx512vnni")
     _C.paged_attention(*args)
-
-
-@pytest.fixture
-def restore_isa():
-    before = _C.active_isa()
-    yield
-    _C.set_isa(before)
 
 
 @needs_vnni
@@ -72,7 +65,7 @@ def test_sliding_window_kernel_and_model(restore_isa, scenario, window):
             assert torch.equal(run(int16_kernel, q, cache, ctx, 0.1, window), want)
 
 
-def test_extreme_scales_stay_finite():
+def test_extreme_scales_stay_finite(restore_isa):
     """A zero query row, all-zero value rows (scale 0) and very large and very small rows: no NaN, no overflow."""
     q, cache, ctx, keys, values = batch(([3, 1], [40, 300]), 8, 2, 64, 16, "int8")
     q[0].zero_()
@@ -85,11 +78,7 @@ def test_extreme_scales_stay_finite():
     want = run(_C.paged_attention_int16_reference, q, cache, ctx, 0.125)
     assert torch.isfinite(want.float()).all()
     if VNNI:
-        before = _C.active_isa()
-        try:
-            assert torch.equal(run(int16_kernel, q, cache, ctx, 0.125), want)
-        finally:
-            _C.set_isa(before)
+        assert torch.equal(run(int16_kernel, q, cache, ctx, 0.125), want)
 
 
 @pytest.mark.parametrize("window", [0, 40])

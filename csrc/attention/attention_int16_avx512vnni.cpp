@@ -5,29 +5,19 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <type_traits>
 
 #include "attention/exp_avx512.h"
 #include "attention/int16_walk.h"
-#include "common/bf16.h"
+#include "common/bf16_avx512.h"
 
 namespace shrike::avx512vnni_int16 {
 namespace {
 
 using namespace int16_walk;
+using avx512::load16;
+using avx512::store16;
 
-inline __m512 load_bf16(const bf16* p) {
-  __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-// Round to nearest even, as float_to_bf16 does for finite values.
-inline void store_bf16(bf16* p, __m512 v) {
-  __m512i b = _mm512_castps_si512(v);
-  __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
-  b = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(b));
-}
 inline __m512i load_i16(const int16_t* p) { return _mm512_loadu_si512(p); }
 // acc += pairwise int16 products of x and the 32 int16 at p, summed into int32 lanes. The empty asm keeps acc in
 // its register (GCC otherwise copies accumulators through fresh registers each step). The two loops that use it
@@ -56,12 +46,12 @@ inline __m256i transpose_sum8(const __m512i* a) {
 float quantize_query(const bf16* q, float scale, int64_t d, int16_t* q16) {
   __m512 amax = _mm512_setzero_ps();
   for (int64_t c = 0; c < d; c += 16)
-    amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_mul_ps(load_bf16(q + c), _mm512_set1_ps(scale))));
+    amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_mul_ps(load16(q + c), _mm512_set1_ps(scale))));
   const float qf = _mm512_reduce_max_ps(amax) / kLevels;
   for (int64_t c = 0; c < d; c += 16) {
     __m512i x = _mm512_setzero_si512();
     if (qf > 0.f) {
-      x = _mm512_cvtps_epi32(_mm512_div_ps(_mm512_mul_ps(load_bf16(q + c), _mm512_set1_ps(scale)), _mm512_set1_ps(qf)));
+      x = _mm512_cvtps_epi32(_mm512_div_ps(_mm512_mul_ps(load16(q + c), _mm512_set1_ps(scale)), _mm512_set1_ps(qf)));
       x = _mm512_max_epi32(_mm512_min_epi32(x, _mm512_set1_epi32(32767)), _mm512_set1_epi32(-32767));
     }
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(q16 + c), _mm512_cvtepi32_epi16(x));
@@ -71,6 +61,13 @@ float quantize_query(const bf16* q, float scale, int64_t d, int16_t* q16) {
 
 // The tile's keys [first, n) widened to int16, its values as key pairs, and their scales (0 for the other keys;
 // their int16 keys are left as they were and never weigh: p = 0, w16 = 0).
+// Word 2i of a pair vector is column i of the even key (word i of its widened row), word 2i + 1 that of the odd
+// key (word 32 + i of the two rows side by side): kPairLow for columns 0-15, kPairHigh for 16-31.
+alignas(64) constexpr int16_t kPairLow[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
+                                               8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+alignas(64) constexpr int16_t kPairHigh[32] = {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55,
+                                                24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
+
 void gather_tile(const PagedAttentionArgs& a, const AttentionWorkItem& w, int64_t t0, int64_t first, int64_t n,
                  const Scratch& s) {
   const int64_t d = a.head_dim;
@@ -85,13 +82,7 @@ void gather_tile(const PagedAttentionArgs& a, const AttentionWorkItem& w, int64_
     s.key_scale[j] = kv_int8_scale(row, d);
     s.value_scale[j] = kv_int8_scale(value_cache + offset[j], d);
   }
-  // Word 2i of a pair vector is column i of the even key, word 2i + 1 that of the odd key.
-  alignas(64) int16_t low_index[32], high_index[32];
-  for (int i = 0; i < 16; ++i) {
-    low_index[2 * i] = static_cast<int16_t>(i), low_index[2 * i + 1] = static_cast<int16_t>(32 + i);
-    high_index[2 * i] = static_cast<int16_t>(16 + i), high_index[2 * i + 1] = static_cast<int16_t>(48 + i);
-  }
-  const __m512i low = _mm512_load_si512(low_index), high = _mm512_load_si512(high_index);
+  const __m512i low = _mm512_load_si512(kPairLow), high = _mm512_load_si512(kPairHigh);
   for (int64_t j = first / 2 * 2; j < n; j += 2) {
     const int8_t* even = j >= first ? value_cache + offset[j] : nullptr;
     const int8_t* odd = j + 1 < n ? value_cache + offset[j + 1] : nullptr;
@@ -196,20 +187,11 @@ void walk_row(const Scratch& s, int64_t r, int64_t d, int64_t first, int64_t n, 
 }  // namespace
 
 void attend(const PagedAttentionArgs& a, const AttentionWorkItem& w, float* scratch) {
-  const int64_t d = a.head_dim, group = a.num_heads / a.num_kv_heads, rows = w.q_count * group;
-  const int64_t token0 = a.query_start[w.seq] + w.q_begin;
+  const int64_t d = a.head_dim, rows = w.q_count * (a.num_heads / a.num_kv_heads);
   Scratch s;
   lay_out_scratch(rows, d, scratch, s);
-  const bf16* q = static_cast<const bf16*>(a.q);
-  int64_t key_begin = INT64_MAX, key_end = 0;
-  for (int64_t r = 0; r < rows; ++r) {
-    const bf16* q_row = q + ((token0 + r / group) * a.num_heads + w.kv_head * group + r % group) * d;
-    s.query_factor[r] = quantize_query(q_row, a.scale, d, s.q + r * d);
-    s.row_max[r] = -std::numeric_limits<float>::infinity(), s.row_sum[r] = 0.f;
-    std::fill(s.acc + r * d, s.acc + (r + 1) * d, 0.f);
-    const RowKeys k = row_keys(a, w, r);
-    if (k.lo < k.hi) key_begin = std::min(key_begin, k.lo), key_end = std::max(key_end, k.hi);
-  }
+  const RowKeys item = start_item(a, w, s, quantize_query);
+  const int64_t key_begin = item.lo, key_end = item.hi;
   for (int64_t t0 = first_tile(key_begin); t0 < key_end; t0 += kTileKeys) {
     const int64_t first = std::max<int64_t>(0, key_begin - t0), n = std::min(kTileKeys, key_end - t0);
     gather_tile(a, w, t0, first, n, s);
@@ -221,18 +203,10 @@ void attend(const PagedAttentionArgs& a, const AttentionWorkItem& w, float* scra
       walk_row(s, r, d, first, n, mask);
     }
   }
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* acc = s.acc + r * d;
-    if (w.partial) {
-      float* p = w.partial + r * (d + 2);
-      std::copy(acc, acc + d, p);
-      p[d] = s.row_max[r], p[d + 1] = s.row_sum[r];
-      continue;
-    }
-    const __m512 factor = _mm512_set1_ps(1.f / s.row_sum[r]);
-    bf16* out = static_cast<bf16*>(a.out) + ((token0 + r / group) * a.num_heads + w.kv_head * group + r % group) * d;
-    for (int64_t c = 0; c < d; c += 16) store_bf16(out + c, _mm512_mul_ps(_mm512_loadu_ps(acc + c), factor));
-  }
+  finish_item(a, w, s, [d](bf16* out, const float* acc, float factor) {
+    const __m512 f = _mm512_set1_ps(factor);
+    for (int64_t c = 0; c < d; c += 16) store16(out + c, _mm512_mul_ps(_mm512_loadu_ps(acc + c), f));
+  });
 }
 
 }  // namespace shrike::avx512vnni_int16

@@ -46,20 +46,11 @@ float tile_sum(const float* p) {
 }  // namespace
 
 void attend(const PagedAttentionArgs& a, const AttentionWorkItem& w, float* scratch) {
-  const int64_t d = a.head_dim, group = a.num_heads / a.num_kv_heads, rows = w.q_count * group;
-  const int64_t token0 = a.query_start[w.seq] + w.q_begin;
+  const int64_t d = a.head_dim, rows = w.q_count * (a.num_heads / a.num_kv_heads);
   Scratch s;
   lay_out_scratch(rows, d, scratch, s);
-  const bf16* q = static_cast<const bf16*>(a.q);
-  int64_t key_begin = INT64_MAX, key_end = 0;
-  for (int64_t r = 0; r < rows; ++r) {
-    const bf16* q_row = q + ((token0 + r / group) * a.num_heads + w.kv_head * group + r % group) * d;
-    s.query_factor[r] = quantize_query(q_row, a.scale, d, s.q + r * d);
-    s.row_max[r] = -std::numeric_limits<float>::infinity(), s.row_sum[r] = 0.f;
-    std::fill(s.acc + r * d, s.acc + (r + 1) * d, 0.f);
-    const RowKeys k = row_keys(a, w, r);
-    if (k.lo < k.hi) key_begin = std::min(key_begin, k.lo), key_end = std::max(key_end, k.hi);
-  }
+  const RowKeys item = start_item(a, w, s, quantize_query);
+  const int64_t key_begin = item.lo, key_end = item.hi;
   for (int64_t t0 = first_tile(key_begin); t0 < key_end; t0 += kTileKeys) {
     const int64_t first = std::max<int64_t>(0, key_begin - t0), n = std::min(kTileKeys, key_end - t0);
     int64_t offset[kTileKeys];
@@ -111,18 +102,9 @@ void attend(const PagedAttentionArgs& a, const AttentionWorkItem& w, float* scra
       }
     }
   }
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* acc = s.acc + r * d;
-    if (w.partial) {
-      float* p = w.partial + r * (d + 2);
-      std::copy(acc, acc + d, p);
-      p[d] = s.row_max[r], p[d + 1] = s.row_sum[r];
-      continue;
-    }
-    const float factor = 1.f / s.row_sum[r];
-    bf16* out = static_cast<bf16*>(a.out) + ((token0 + r / group) * a.num_heads + w.kv_head * group + r % group) * d;
+  finish_item(a, w, s, [d](bf16* out, const float* acc, float factor) {
     for (int64_t c = 0; c < d; ++c) out[c] = float_to_bf16(acc[c] * factor);
-  }
+  });
 }
 
 }  // namespace int16_ref

@@ -22,9 +22,11 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 
 #include "attention/attention.h"
 #include "attention/kv_int8.h"
+#include "common/bf16.h"
 
 namespace shrike::int16_walk {
 namespace {
@@ -95,6 +97,48 @@ inline int64_t lay_out_scratch(int64_t rows, int64_t d, float* base, Scratch& s)
   s.value_scale = take(kTileKeys);
   s.weights = reinterpret_cast<int16_t*>(take(kTileKeys / 2));
   return used;
+}
+
+// Row r of the item in q or out: (head_dim) bf16.
+template <class T>
+inline T* row_of(const PagedAttentionArgs& a, const AttentionWorkItem& w, T* base, int64_t r) {
+  const int64_t group = a.num_heads / a.num_kv_heads;
+  return base + ((a.query_start[w.seq] + w.q_begin + r / group) * a.num_heads + w.kv_head * group + r % group) *
+                    a.head_dim;
+}
+
+// Readies the item's rows (q16 and qf by quantize(q_row, scale, d, q16), an empty accumulator, running max and
+// sum) and returns the keys [begin, end) they see together (begin >= end: none).
+template <class QuantizeQuery>
+inline RowKeys start_item(const PagedAttentionArgs& a, const AttentionWorkItem& w, const Scratch& s,
+                          QuantizeQuery quantize) {
+  const int64_t d = a.head_dim, rows = w.q_count * (a.num_heads / a.num_kv_heads);
+  RowKeys item{INT64_MAX, 0};
+  for (int64_t r = 0; r < rows; ++r) {
+    s.query_factor[r] = quantize(row_of(a, w, static_cast<const bf16*>(a.q), r), a.scale, d, s.q + r * d);
+    s.row_max[r] = -std::numeric_limits<float>::infinity(), s.row_sum[r] = 0.f;
+    std::fill(s.acc + r * d, s.acc + (r + 1) * d, 0.f);
+    const RowKeys k = row_keys(a, w, r);
+    if (k.lo < k.hi) item.lo = std::min(item.lo, k.lo), item.hi = std::max(item.hi, k.hi);
+  }
+  return item;
+}
+
+// Writes the item's rows: (acc, max, sum) to its split-K partial, or store_row(out_row, acc, 1 / sum).
+template <class StoreRow>
+inline void finish_item(const PagedAttentionArgs& a, const AttentionWorkItem& w, const Scratch& s,
+                        StoreRow store_row) {
+  const int64_t d = a.head_dim, rows = w.q_count * (a.num_heads / a.num_kv_heads);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* acc = s.acc + r * d;
+    if (w.partial) {
+      float* p = w.partial + r * (d + 2);
+      std::copy(acc, acc + d, p);
+      p[d] = s.row_max[r], p[d + 1] = s.row_sum[r];
+    } else {
+      store_row(row_of(a, w, static_cast<bf16*>(a.out), r), acc, 1.f / s.row_sum[r]);
+    }
+  }
 }
 
 }  // namespace
