@@ -19,13 +19,12 @@ using avx512::load16;
 using avx512::store16;
 
 inline __m512i load_i16(const int16_t* p) { return _mm512_loadu_si512(p); }
-// acc += pairwise int16 products of x and the 32 int16 at p, summed into int32 lanes. The empty asm keeps acc in
-// its register (GCC otherwise copies accumulators through fresh registers each step). The two loops that use it
-// are kept out of line: inlined into the walk, whose constants GCC hoists into registers, their accumulators
-// spilled to the stack (the walk ran 15-20% slower).
+// acc += pairwise int16 products of x and the 32 int16 at p, summed into int32 lanes. Written as asm because GCC
+// models the intrinsic as three-operand and copied each accumulator to a fresh register every step. The two loops
+// that use it are kept out of line: inlined into the walk, whose constants GCC hoists into registers, their
+// accumulators spilled to the stack (the walk ran 15-20% slower).
 inline void dot_pairs(__m512i& acc, __m512i x, const int16_t* p) {
-  acc = _mm512_dpwssd_epi32(acc, x, load_i16(p));
-  __asm__("" : "+v"(acc));
+  __asm__("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(x), "m"(*reinterpret_cast<const __m512i*>(p)));
 }
 // 32 int8 values as int16.
 inline __m512i widen(const int8_t* p) {
@@ -117,17 +116,24 @@ __attribute__((noinline)) void query_key_dots(const int16_t* q16, const int16_t*
   dot[1] = _mm512_inserti64x4(_mm512_castsi256_si512(part[2]), part[3], 1);
 }
 
-// acc[0 .. 16 NV) = fma(acc, rescale, float(sum over pairs of w16 . v) x wf).
+// acc[0 .. 16 NV) = fma(acc, rescale, float(sum over pairs of w16 . v) x wf). The NV accumulators are separate
+// variables: as an array GCC kept them on the stack (a load and a store around every vpdpwssd).
 template <int NV>
 __attribute__((noinline)) void accumulate_slice(float* acc, const int16_t* pairs, int64_t d,
                                                 const int32_t* weight_pairs, int64_t first_pair, int64_t n_pairs,
                                                 float rescale, float weight_factor) {
-  __m512i sum[NV];
-  for (int u = 0; u < NV; ++u) sum[u] = _mm512_setzero_si512();
+  static_assert(NV == 2 || NV == 4 || NV == 8);
+  __m512i s0 = _mm512_setzero_si512(), s1 = s0, s2 = s0, s3 = s0, s4 = s0, s5 = s0, s6 = s0, s7 = s0;
   for (int64_t i = first_pair; i < n_pairs; ++i) {
     const __m512i wv = _mm512_set1_epi32(weight_pairs[i]);
-    for (int u = 0; u < NV; ++u) dot_pairs(sum[u], wv, pairs + i * 2 * d + 32 * u);
+    const int16_t* p = pairs + i * 2 * d;
+    dot_pairs(s0, wv, p), dot_pairs(s1, wv, p + 32);
+    if constexpr (NV > 2) dot_pairs(s2, wv, p + 64), dot_pairs(s3, wv, p + 96);
+    if constexpr (NV > 4) {
+      dot_pairs(s4, wv, p + 128), dot_pairs(s5, wv, p + 160), dot_pairs(s6, wv, p + 192), dot_pairs(s7, wv, p + 224);
+    }
   }
+  const __m512i sum[8] = {s0, s1, s2, s3, s4, s5, s6, s7};
   for (int u = 0; u < NV; ++u) {
     const __m512 part = _mm512_mul_ps(_mm512_cvtepi32_ps(sum[u]), _mm512_set1_ps(weight_factor));
     _mm512_storeu_ps(acc + 16 * u, _mm512_fmadd_ps(_mm512_loadu_ps(acc + 16 * u), _mm512_set1_ps(rescale), part));
