@@ -45,7 +45,7 @@ Kernel int16_walk(AttendFn attend, const PagedAttentionArgs& a) {
 }
 
 // AMX tiles serve bf16 queries over bf16 and int8 caches. Without them, bf16 queries over an int8 cache take
-// the int16-dot walk (integer products: up to twice the fp32 walk's speed, 1.2-1.4x with the cache out of L3).
+// the int16-dot walk (integer products; measured in benchmarks/README.md against the fp32 walk and bf16 caches).
 // Of the fp32 walks, the AVX-512 one serves int8 caches (where it widens 16 values per instruction); float
 // caches keep the AVX2 walk: the 16-lane sums round differently, which flipped near-tie greedy tokens in the
 // model tests calibrated against it.
