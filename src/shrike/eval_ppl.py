@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from shrike.engine.batch import BatchContext
+from shrike.engine.config import add_engine_arguments, engine_config_from_args
 from shrike.errors import ConfigError
 from shrike.layers.attention import KVCache
 from shrike.model.llama import CausalLM
@@ -25,22 +26,13 @@ _BLOCK_SIZE = 16
 
 
 def add_eval_ppl_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", nargs="?", default=None,
-                   help="model directory or .gguf file (default: SmolLM2-135M-Instruct); omit when only FILE is given")
+    """MODEL (optional: omit it when only FILE is given), FILE, --context and every engine flag. The flags that
+    shape serving (batching, prefix caching, KV-cache size, speculative decoding) are checked like everywhere
+    but change no score: each chunk runs alone from an empty cache of its own."""
+    add_engine_arguments(p)
     p.add_argument("file", type=Path, help="UTF-8 text file to score")
     p.add_argument("--context", type=int, default=DEFAULT_CONTEXT,
-                   help=f"tokens per non-overlapping chunk (default {DEFAULT_CONTEXT})")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
-    p.add_argument("--kernel-backend", default="auto", choices=["auto", "reference"],
-                   help="quantized GEMMs on the compiled kernels (auto) or the PyTorch reference")
-    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "bfloat16", "float32", "int8"],
-                   help="KV-cache element type (default: the activations' dtype); int8 as `shrike serve`")
-    p.add_argument("--lm-head-quant", default="none", choices=["none", "int8"],
-                   help="none: the lm_head keeps the checkpoint's precision (default); "
-                   "int8: quantized per vocabulary row at load (half the bytes of bf16, slightly less accurate)")
-    p.add_argument("--activation-quant", default="none", choices=["none", "int8"],
-                   help="weight-only (W4A16 / W8A16) checkpoints: none keeps activations in 16 bits (default, accurate); "
-                   "int8 quantizes them per token for the W4A8 / W8A8 int8 kernels (faster, less accurate)")
+                   help=f"tokens per non-overlapping chunk (default {DEFAULT_CONTEXT}; at most --max-model-len)")
 
 
 @dataclass
@@ -93,15 +85,19 @@ def evaluate_perplexity(model: CausalLM, token_ids: list[int], context: int,
 
 
 def run_eval_ppl(args: argparse.Namespace) -> int:
-    from shrike.model.loader import load_model, resolve_kv_cache_dtype
+    from shrike.layers.kv_dtypes import resolve_kv_cache_dtype
+    from shrike.model.loader import load_model
+    from shrike.platform.binding import bind_compute_threads
+    config = engine_config_from_args(args)
     if not args.file.is_file():
         raise ConfigError(f"{args.file} is not a file")
-    loaded = load_model(args.model, args.dtype, kernel_backend=args.kernel_backend, lm_head_quant=args.lm_head_quant,
-                        activation_quant=args.activation_quant)
+    bind_compute_threads(config.cpu_threads, config.cpu_bind)
+    loaded = load_model(config.model, config.dtype, config.max_model_len, config.chat_template, config.progress,
+                        config.kernel_backend, config.lm_head_quant, config.activation_quant)
     context = min(args.context, loaded.max_model_len)
     token_ids = loaded.tokenizer.encode(args.file.read_text(encoding="utf-8"), add_special_tokens=False)
     result = evaluate_perplexity(loaded.model, token_ids, context,
-                                 resolve_kv_cache_dtype(args.kv_cache_dtype, loaded.dtype))
+                                 resolve_kv_cache_dtype(config.kv_cache_dtype, loaded.dtype))
     print(f"perplexity {result.perplexity:.4f} over {result.scored_tokens} scored tokens "
           f"({len(token_ids)} tokens in {result.chunks} non-overlapping chunks of up to {context})", file=sys.stdout)
     return 0
