@@ -1,5 +1,6 @@
 """shrike.tokenizer against transformers' tokenizer on the converted SmolLM2 directory."""
 
+import json
 import re
 
 import jinja2
@@ -135,9 +136,24 @@ def test_template_override_renders_like_transformers(default_model_dir, referenc
 
 
 def test_template_raise_exception_stops_rendering(default_model_dir):
+    template = "{% for m in messages %}{% if m.content == '42' %}{{ raise_exception('not 42') }}{% endif %}{% endfor %}"
+    tokenizer = Tokenizer(default_model_dir, chat_template=template)
+    with pytest.raises(jinja2.TemplateError, match="not 42"):
+        tokenizer.apply_chat_template([{"role": "user", "content": "42"}])
+
+
+def test_tool_turns_reach_a_template_that_refuses_the_tool_role(default_model_dir):
+    # FEATURE_TEMPLATE prints tools and whole messages (tool calls included) but raises on a "tool" message:
+    # the result comes as a user turn in the Hermes format.
     tokenizer = Tokenizer(default_model_dir, chat_template=FEATURE_TEMPLATE)
-    with pytest.raises(jinja2.TemplateError, match="tools are not allowed here"):
-        tokenizer.apply_chat_template([{"role": "tool", "content": "42"}])
+    call = {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": '{"q": "x"}'}}
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Find x"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+         {"role": "tool", "tool_call_id": "c1", "content": "42"}], tools=TOOLS)
+    support = tokenizer.tool_support(TOOLS)
+    assert support.renders_tools and support.renders_tool_calls and not support.renders_tool_results
+    assert '"tool_calls": [{"id": "c1"' in rendered and "# Tools" not in rendered
+    assert '"role": "user", "content": "<tool_response>\\n42\\n</tool_response>"' in rendered
 
 
 def test_broken_template_is_reported_as_such(default_model_dir):
@@ -159,3 +175,15 @@ def test_special_ids_and_vocabulary_size(tokenizer):
     assert tokenizer.bos_token_id == 1
     assert tokenizer.eos_token_ids == {2}
     assert tokenizer.vocab_size == 49152
+
+
+def test_tools_reach_a_template_that_ignores_them(tokenizer):
+    # SmolLM2's template prints only role and content: content None would fail, tools and calls would vanish.
+    call = {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": '{"q": "x"}'}}
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Find x"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+         {"role": "tool", "tool_call_id": "c1", "content": "42"}], tools=TOOLS)
+    assert not tokenizer.tool_support(TOOLS).renders_tools
+    assert rendered.startswith("<|im_start|>system\n# Tools\n") and json.dumps(TOOLS[0]) in rendered
+    assert ('<|im_start|>assistant\n<tool_call>\n{"name": "lookup", "arguments": {"q": "x"}}\n</tool_call><|im_end|>\n'
+            '<|im_start|>tool\n<tool_response>\n42\n</tool_response><|im_end|>\n<|im_start|>assistant\n') in rendered

@@ -101,13 +101,17 @@ def test_streamed_output(name, output, content, expected, piece):
 def test_forced_formats():
     named = NamedToolParser("get_time")
     assert _calls(named.extract(' {"zone": "CET"}')[1]) == [TIME]
-    assert named.extract('{"zone": "CE')[1] == []
+    # Cut off by max_tokens: still the forced call, with the arguments written so far (as vLLM returns it).
+    assert [(c.name, c.arguments) for c in named.extract('{"zone": "CE')[1]] == [("get_time", '{"zone": "CE')]
     required = RequiredToolParser()
     output = '[{"name": "get_weather", "parameters": {"city": "Paris", "days": 3}}, ' \
              '{"name": "get_time", "parameters": {"zone": "CET"}}]'
     assert _calls(required.extract(output)[1]) == [WEATHER, TIME]
     _, calls = _stream(required, output, 2)
     assert [(n, json.loads(a)) for _, n, a in calls] == [WEATHER, TIME]
+    content, cut = required.extract(output[:90])
+    assert content is None and [(c.name, c.arguments) for c in cut] == [("get_weather", '{"city": "Paris", "days": 3}'),
+                                                                        ("get_time", "")]
 
 
 def test_parsers_come_from_the_registry_and_unknown_names_are_refused():

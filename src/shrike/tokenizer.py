@@ -14,6 +14,8 @@ import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as FastTokenizer
 
+from shrike.template_tools import TemplateToolSupport, adapt_conversation, probe_template
+
 # Named special tokens that transformers hands to every chat template
 _SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 # Older or other clients' names for a message's reasoning; templates read the first
@@ -41,13 +43,16 @@ class Tokenizer:
         self.vocab_size: int = self._tokenizer.get_vocab_size(with_added_tokens=True)
         self._chat_templates = _chat_templates(model_dir, settings)
         self._chat_template_override = chat_template
+        self._tool_support_by_template: dict[str, TemplateToolSupport] = {}
 
     def _special_token_id(self, name: str) -> int | None:
         text = self.special_tokens.get(name)
         return None if text is None else self._tokenizer.token_to_id(text)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+        # encode_batch releases the GIL while it works (encode holds it): a long prompt tokenized on a
+        # server's worker thread then does not stop its event loop.
+        return self._tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
@@ -67,14 +72,35 @@ class Tokenizer:
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
                             tools: list[dict] | None = None, documents: list[dict] | None = None,
                             **template_kwargs: Any) -> str:
-        """Render a conversation exactly as transformers' apply_chat_template(tokenize=False) does."""
+        """Render a conversation as transformers' apply_chat_template(tokenize=False) does.
+
+        Except where the template would lose tool calling: a message without content gets "" and, if the
+        template ignores tools, tool calls or tool results, they are written into the messages (template_tools).
+        """
         if not messages:
             raise ValueError("cannot render an empty conversation; send at least one message")
         if tools is not None and not all(isinstance(tool, dict) for tool in tools):
             raise TypeError("tools must be JSON schemas (dicts)")
-        template = _compiled_template(self._select_chat_template(tools))
-        return template.render(
-            messages=[_normalized_message(message) for message in messages],
+        source = self._select_chat_template(tools)
+        messages = [_normalized_message(message) for message in messages]
+        if tools or any(m.get("tool_calls") or m.get("role") == "tool" for m in messages):
+            messages = adapt_conversation(messages, tools, self._tool_support(source))
+        return self._render(source, messages, tools, documents, add_generation_prompt, template_kwargs)
+
+    def tool_support(self, tools: list[dict] | None) -> TemplateToolSupport:
+        """What the chat template used with these tools does with tools, tool calls and tool results."""
+        return self._tool_support(self._select_chat_template(tools))
+
+    def _tool_support(self, source: str) -> TemplateToolSupport:
+        if source not in self._tool_support_by_template:
+            self._tool_support_by_template[source] = probe_template(
+                lambda messages, tools: self._render(source, messages, tools, None, True, {}))
+        return self._tool_support_by_template[source]
+
+    def _render(self, source: str, messages: list[dict], tools: list[dict] | None, documents: list[dict] | None,
+                add_generation_prompt: bool, template_kwargs: dict) -> str:
+        return _compiled_template(source).render(
+            messages=messages,
             tools=tools,
             documents=documents,
             add_generation_prompt=add_generation_prompt,
@@ -176,8 +202,10 @@ def _chat_templates(model_dir: Path, settings: dict) -> dict[str, str]:
 
 
 def _normalized_message(message: dict) -> dict:
-    # Clients send content=None or tool_calls=None; templates handle a missing key but would render "None"
+    # Clients send content=None or tool_calls=None; templates would render "None". An assistant turn that only
+    # calls tools has no content at all, which templates that print message['content'] cannot render.
     normalized = {key: value for key, value in message.items() if value is not None}
+    normalized.setdefault("content", "")
     reasoning = next((normalized[key] for key in _REASONING_FIELDS if key in normalized), None)
     if reasoning is not None:
         normalized = {"thinking": reasoning, **normalized, "reasoning_content": reasoning}

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from shrike.sampling.closed_objects import closed_objects
 from shrike.tokenizer import Tokenizer
 
 BACKENDS = ("llguidance", "xgrammar")
@@ -91,6 +92,7 @@ class GrammarCompiler(ABC):
 
     def compile(self, spec: GrammarSpec) -> CompiledGrammar:
         """Raise GrammarError with a message that starts with spec.param."""
+        spec = _without_undeclared_keys(spec)
         key = spec.key()
         with self._lock:
             cached = self._cache.get(key)
@@ -115,6 +117,17 @@ class GrammarCompiler(ABC):
     def warm_up(self) -> None:
         """Do the one-time work (the backend's view of the vocabulary) before the first request needs it."""
         self.compile(GrammarSpec("json_object", None, "warm-up"))
+
+
+def _without_undeclared_keys(spec: GrammarSpec) -> GrammarSpec:
+    """Both backends refuse keys a JSON schema does not declare, as vLLM's default backend does."""
+    if spec.kind == "json_schema" and isinstance(spec.value, dict):
+        return GrammarSpec(spec.kind, closed_objects(spec.value), spec.param)
+    if spec.kind == "structural_tag" and isinstance(spec.value, dict):
+        structures = [{**s, "schema": closed_objects(s["schema"])} if isinstance(s, dict) and "schema" in s else s
+                      for s in spec.value.get("structures", [])]
+        return GrammarSpec(spec.kind, {**spec.value, "structures": structures}, spec.param)
+    return spec
 
 
 def new_grammar_compiler(backend: str, tokenizer: Tokenizer, vocab_size: int) -> GrammarCompiler:

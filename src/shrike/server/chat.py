@@ -39,7 +39,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request, 
     if plan.grammar is not None and grammar is not None:
         raise bad_request(f"tool_choice {body.tool_choice!r} already constrains the output; leave out {grammar.param}",
                           grammar.param.split(".")[0])
-    grammar = plan.grammar or grammar
+    grammar = plan.grammar or grammar or plan.call_grammar  # the client's own constraint wins over auto's
     prompt_ids = ctx.encode_chat(body.messages, body.add_generation_prompt, plan.template_tools,
                                  body.chat_template_kwargs)
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens

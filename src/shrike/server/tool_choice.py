@@ -8,6 +8,7 @@ from shrike.server.context import ServerContext
 from shrike.server.errors import bad_request
 from shrike.server.protocol import ChatCompletionRequest
 from shrike.server.tools.base import ToolParser
+from shrike.server.tools.hermes import HermesToolParser
 from shrike.server.tools.forced import NamedToolParser, RequiredToolParser, parameters_schema, required_schema
 
 
@@ -16,6 +17,7 @@ class ToolPlan:
     template_tools: list[dict] | None  # what the chat template is given
     grammar: GrammarSpec | None  # forced calls (required or named)
     parser: ToolParser | None  # reads calls out of the output; None: the output is content
+    call_grammar: GrammarSpec | None = None  # auto: free text, each call constrained once it starts
 
 
 def plan_tools(body: ChatCompletionRequest, ctx: ServerContext) -> ToolPlan:
@@ -29,8 +31,12 @@ def plan_tools(body: ChatCompletionRequest, ctx: ServerContext) -> ToolPlan:
     if choice == "none":
         return ToolPlan(None, None, None)
     if choice in (None, "auto"):
-        parser = ctx.tool_parser() if ctx.enable_auto_tool_choice else None
-        return ToolPlan(tools, None, parser)
+        if not ctx.enable_auto_tool_choice:
+            return ToolPlan(tools, None, None)
+        # A template that ignores tools gets them in the Hermes format (shrike.template_tools), whatever the parser.
+        generic = ctx.tokenizer.tool_support(tools).needs_generic_prompt
+        parser = HermesToolParser() if generic else ctx.tool_parser()
+        return ToolPlan(tools, None, parser, parser.call_grammar(tools))
     if choice == "required":
         spec = GrammarSpec("json_schema", required_schema(tools, body.parallel_tool_calls), "tools")
         return ToolPlan(tools, spec, RequiredToolParser())

@@ -6,6 +6,8 @@ import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
+from shrike.sampling.grammar import GrammarSpec
+
 
 # What reading a malformed section can raise (deep nesting included); never a server error.
 PARSE_ERRORS = (ValueError, SyntaxError, TypeError, KeyError, RecursionError, MemoryError)
@@ -59,6 +61,10 @@ class ToolParser(ABC):
     @abstractmethod
     def partial_calls(self, section: str) -> list[PartialCall]:
         """The calls readable so far in an unfinished section; raise ValueError if it is already malformed."""
+
+    def call_grammar(self, tools: list[dict]) -> GrammarSpec | None:
+        """For tool_choice auto: a grammar leaving text free and constraining each call once the model opens it."""
+        return None
 
     def extract(self, text: str) -> tuple[str | None, list[ToolCall]]:
         """A whole output -> (content, tool calls)."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from shrike.server.tools.base import PartialCall, ToolCall, ToolParser, arguments_json
+from shrike.server.tools.base import PARSE_ERRORS, PartialCall, ToolCall, ToolParser, arguments_json
 from shrike.server.tools.json_calls import partial_calls_from_list
 from shrike.server.tools.partial_json import scan_object, skip_whitespace
 
@@ -26,7 +26,21 @@ def parameters_schema(tool: dict) -> dict:
     return tool["function"].get("parameters") or {"type": "object", "properties": {}}
 
 
-class NamedToolParser(ToolParser):
+class _ForcedToolParser(ToolParser):
+    def extract(self, text: str) -> tuple[str | None, list[ToolCall]]:
+        content, calls = super().extract(text)
+        if calls:
+            return content, calls
+        # Cut off by max_tokens: still the call the grammar forced, with the arguments written so far (as vLLM).
+        try:
+            partial = self.partial_calls(text)
+        except PARSE_ERRORS:
+            return text, []
+        calls = [ToolCall(call.name, call.arguments) for call in partial if call.name is not None]
+        return (None, calls) if calls else (text, [])
+
+
+class NamedToolParser(_ForcedToolParser):
     """The whole output is the arguments of one known function."""
 
     def __init__(self, name: str):
@@ -46,7 +60,7 @@ class NamedToolParser(ToolParser):
         return [PartialCall(self.name, section.lstrip())]
 
 
-class RequiredToolParser(ToolParser):
+class RequiredToolParser(_ForcedToolParser):
     """The output is a JSON list of {"name", "parameters"} objects."""
 
     def section_start(self, text: str) -> int | None:

@@ -1,7 +1,11 @@
 """Hermes / Qwen2.5 / Qwen3 format: <tool_call>{"name": ..., "arguments": {...}}</tool_call>, one block per call."""
 from __future__ import annotations
 
+import json
+
+from shrike.sampling.grammar import GrammarSpec
 from shrike.server.tools.base import PartialCall, ToolCall, ToolParser, trailing_prefix_length
+from shrike.server.tools.forced import parameters_schema
 from shrike.server.tools.json_calls import call_from_object, partial_call_from_object
 from shrike.server.tools.partial_json import skip_whitespace
 
@@ -15,6 +19,13 @@ class HermesToolParser(ToolParser):
 
     def possible_start_length(self, text: str) -> int:
         return trailing_prefix_length(text, OPEN)
+
+    def call_grammar(self, tools: list[dict]) -> GrammarSpec:
+        # After the model writes <tool_call>, it can only go on with one of the tools' names and valid arguments.
+        structures = [{"begin": f'{OPEN}\n{{"name": {json.dumps(t["function"]["name"], ensure_ascii=False)}, '
+                                '"arguments": ',
+                       "schema": parameters_schema(t), "end": f"}}\n{CLOSE}"} for t in tools]
+        return GrammarSpec("structural_tag", {"structures": structures, "triggers": [OPEN]}, "tools")
 
     def calls(self, section: str) -> list[ToolCall]:
         calls, pos = [], 0
