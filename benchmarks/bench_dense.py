@@ -54,7 +54,7 @@ def model_numbers(model_dir: str) -> None:
     from shrike.engine.llm_engine import EngineConfig, LLMEngine
     from shrike.sampling.params import SamplingParams
 
-    engine = LLMEngine(EngineConfig(model=model_dir, dtype="bfloat16", max_model_len=1024, kv_cache_space_gib=0.5,
+    engine = LLMEngine(EngineConfig(model=model_dir, dtype="bfloat16", max_model_len=1024, kv_cache_space=0.5,
                                     progress=False))
     gen = torch.Generator().manual_seed(0)
 

@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         return bench_kernels.stream_read_gbs(1 << 30, 5)
 
     engine = LLMEngine(EngineConfig(model=args.shrike_model, max_model_len=2048, max_num_seqs=1,
-                                    max_num_batched_tokens=PROMPT_TOKENS, kv_cache_space_gib=0.5, enable_prefix_caching=False,
+                                    max_num_batched_tokens=PROMPT_TOKENS, kv_cache_space=0.5, enable_prefix_caching=False,
                                     cpu_threads=args.threads, progress=False, lm_head_quant=args.lm_head_quant))
     # Bytes a decode step reads: every matrix but the input embedding (one row of it), unless it is the head.
     weight_bytes = bench_serving.safetensors_bytes_per_token(Path(args.shrike_model))

@@ -141,7 +141,7 @@ def main() -> None:
         ppl = {name: perplexities(path, act) for name, (path, act) in checkpoints.items()}
         write_report(args.out, checkpoints, ppl, None, args.rounds)
         engines = {name: LLMEngine(EngineConfig(model=str(path), activation_quant=act, max_model_len=512,
-                                                kv_cache_space_gib=0.05, max_num_seqs=1, progress=False))
+                                                kv_cache_space=0.05, max_num_seqs=1, progress=False))
                    for name, (path, act) in checkpoints.items()}
         prompt = engines["bf16"].tokenizer.encode("The history of the printing press begins")[:16]
         rates: dict[str, list[float]] = {name: [] for name in engines}

@@ -52,7 +52,7 @@ class ShrikeRunner:
     def __init__(self, model: str, kv_dtype: str, context: int, threads: int):
         from shrike.engine.llm_engine import EngineConfig, LLMEngine
         from shrike.model.config import ModelConfig
-        from shrike.model.loader import kv_cache_bytes, resolve_kv_cache_dtype
+        from shrike.layers.kv_dtypes import kv_cache_bytes, resolve_kv_cache_dtype
         import torch
 
         c = ModelConfig.from_dir(Path(model))
@@ -61,7 +61,7 @@ class ShrikeRunner:
         max_len = context + 2 * DECODE_TOKENS
         space = (max_len + 64) * per_token / 2**30
         self.engine = LLMEngine(EngineConfig(model=model, max_model_len=max_len, max_num_seqs=1,
-                                             max_num_batched_tokens=2048, kv_cache_space_gib=space,
+                                             max_num_batched_tokens=2048, kv_cache_space=space,
                                              kv_cache_dtype=kv_dtype, cpu_threads=threads, progress=False))
         self.context = context
         self.prompt = [(i * 7919) % 20000 + 100 for i in range(context)]

@@ -166,13 +166,13 @@ def main(argv: list[str] | None = None) -> int:
     for key in args.models.split(","):
         case = cases[key]
         engine = LLMEngine(EngineConfig(model=str(case.shrike_dir), max_model_len=4096, max_num_seqs=1,
-                                        kv_cache_space_gib=0.5, cpu_threads=args.threads, progress=False,
+                                        kv_cache_space=0.5, cpu_threads=args.threads, progress=False,
                                         speculative_config=NGRAM))
         prompts = prompts_for(case, engine.tokenizer)
         drafting = None
         if case.draft_dir is not None:
             drafting = LLMEngine(EngineConfig(
-                model=str(case.shrike_dir), max_model_len=4096, max_num_seqs=1, kv_cache_space_gib=0.5,
+                model=str(case.shrike_dir), max_model_len=4096, max_num_seqs=1, kv_cache_space=0.5,
                 cpu_threads=args.threads, progress=False,
                 speculative_config={"model": str(case.draft_dir), "num_speculative_tokens": 4}))
         lookup = ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3", "--spec-ngram-simple-size-m", "5"]

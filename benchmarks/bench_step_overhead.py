@@ -47,7 +47,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--eager", action="store_true", help="time the eager Python forward instead")
     args = p.parse_args()
-    engine = LLMEngine(EngineConfig(model=args.model, max_model_len=1024, kv_cache_space_gib=0.25,
+    engine = LLMEngine(EngineConfig(model=args.model, max_model_len=1024, kv_cache_space=0.25,
                                     compiled_forward=not args.eager, progress=False))
     runner = engine.runner
     print(f"compiled forward: {'yes' if runner.compiled else 'no (' + runner.plan_blocker + ')'}")

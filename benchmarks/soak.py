@@ -427,7 +427,7 @@ def _summary(args, tally: Tally, watch: Watch, idle: dict[str, float], load_seco
         "concurrency": concurrency,
         "server": {"max_num_seqs": args.max_num_seqs, "max_queue_len": args.max_queue_len,
                    "max_num_batched_tokens": args.max_num_batched_tokens,
-                   "max_model_len": args.max_model_len, "kv_cache_space_gib": args.kv_cache_space},
+                   "max_model_len": args.max_model_len, "kv_cache_space": args.kv_cache_space},
         "requests": sum(tally.outcomes.values()),
         "requests_by_outcome": dict(tally.outcomes.most_common()),
         "requests_by_kind": {kind: dict(c.most_common()) for kind, c in sorted(tally.by_kind.items())},

@@ -10,6 +10,7 @@ import pytest
 
 from shrike import _C
 from shrike.doctor import add_doctor_arguments, doctor_main, run_doctor
+from shrike.engine.config import EngineConfig
 
 FIXTURES = Path(__file__).parent / "fixtures" / "topology"
 
@@ -43,7 +44,8 @@ def isolated_cache(tmp_path, monkeypatch):
 
 
 def test_cix_p1_report_shows_the_a720_binding(model_dir, capsys):
-    assert run_doctor(str(model_dir), 8192, as_json=False, **roots("cix_p1")) == 0
+    assert run_doctor(EngineConfig(model=str(model_dir), max_model_len=8192),
+                      as_json=False, **roots("cix_p1")) == 0
     out = capsys.readouterr().out
     assert "CPU           8x Cortex-A720 + 4x Cortex-A520" in out
     assert "Binding       0,1,6-11 (8 threads)" in out
@@ -70,7 +72,8 @@ def test_cix_p1_report_shows_the_a720_binding(model_dir, capsys):
 
 
 def test_json_shape(model_dir, capsys):
-    assert run_doctor(str(model_dir), 8192, as_json=True, **roots("cix_p1")) == 0
+    assert run_doctor(EngineConfig(model=str(model_dir), max_model_len=8192),
+                      as_json=True, **roots("cix_p1")) == 0
     report = json.loads(capsys.readouterr().out)
     assert set(report) == {"cpu", "topology", "memory", "kv_cache", "caches", "plugins", "environment", "problems"}
     assert report["problems"] == []
@@ -95,7 +98,8 @@ def test_json_shape(model_dir, capsys):
 
 
 def test_container_limits_appear(model_dir, capsys):
-    assert run_doctor(str(model_dir), 4096, as_json=False, **roots("container_restricted")) == 0
+    assert run_doctor(EngineConfig(model=str(model_dir), max_model_len=4096),
+                      as_json=False, **roots("container_restricted")) == 0
     out = capsys.readouterr().out
     assert "Binding       4,5 (2 threads)" in out
     assert "cgroup cpuset 4-11; cgroup CPU quota 2.5 cores" in out
@@ -103,7 +107,8 @@ def test_container_limits_appear(model_dir, capsys):
 
 
 def test_kv_plan_that_cannot_hold_one_sequence_fails_with_one_line(model_dir, capsys):
-    assert run_doctor(str(model_dir), 131072, as_json=False, **roots("container_restricted")) == 1
+    assert run_doctor(EngineConfig(model=str(model_dir), max_model_len=131072),
+                      as_json=False, **roots("container_restricted")) == 1
     captured = capsys.readouterr()
     assert captured.err.count("\n") == 1
     assert captured.err.startswith("shrike doctor: the KV cache (")
@@ -111,12 +116,14 @@ def test_kv_plan_that_cannot_hold_one_sequence_fails_with_one_line(model_dir, ca
 
 
 def test_max_model_len_beyond_the_model_fails(model_dir, capsys):
-    assert run_doctor(str(model_dir), 200000, as_json=True, **roots("cix_p1")) == 1
+    assert run_doctor(EngineConfig(model=str(model_dir), max_model_len=200000),
+                      as_json=True, **roots("cix_p1")) == 1
     assert "more than the model's maximum 131072" in json.loads(capsys.readouterr().out)["problems"][0]
 
 
 def test_missing_model_fails(tmp_path, capsys):
-    assert run_doctor(str(tmp_path / "nowhere"), None, as_json=False, **roots("cix_p1")) == 1
+    assert run_doctor(EngineConfig(model=str(tmp_path / "nowhere"), max_model_len=None),
+                      as_json=False, **roots("cix_p1")) == 1
     assert "nowhere" in capsys.readouterr().err
 
 
@@ -124,7 +131,8 @@ def test_no_usable_cores_fails(tmp_path, model_dir, capsys):
     shutil.copytree(FIXTURES / "container_restricted", tmp_path / "machine")
     status = tmp_path / "machine" / "proc" / "self" / "status"
     status.write_text(status.read_text().replace("Cpus_allowed_list:\t4-11", "Cpus_allowed_list:\t0-1"))
-    assert run_doctor(str(model_dir), 4096, as_json=False, **roots("machine", tmp_path)) == 1
+    assert run_doctor(EngineConfig(model=str(model_dir), max_model_len=4096),
+                      as_json=False, **roots("machine", tmp_path)) == 1
     captured = capsys.readouterr()
     assert "Binding       none" in captured.out
     assert captured.err == "shrike doctor: no usable CPU cores: none of the online cores is in this process's " \
@@ -134,7 +142,7 @@ def test_no_usable_cores_fails(tmp_path, model_dir, capsys):
 def test_cache_sizes(isolated_cache, model_dir, capsys):
     (isolated_cache / "models" / "m").mkdir(parents=True)
     (isolated_cache / "models" / "m" / "weights.bin").write_bytes(b"\0" * 3 * 2**20)
-    run_doctor(str(model_dir), 4096, as_json=True, **roots("cix_p1"))
+    run_doctor(EngineConfig(model=str(model_dir), max_model_len=4096), as_json=True, **roots("cix_p1"))
     caches = json.loads(capsys.readouterr().out)["caches"]
     assert caches["exists"] and caches["bytes"] == 3 * 2**20 and caches["directories"] == {"models": 3 * 2**20}
 

@@ -54,7 +54,7 @@ def test_chunked_prefill_equals_alone(default_model_dir, alone):
 def test_preemption_equals_alone(default_model_dir, alone):
     prompts, expected = alone
     # 16 blocks x 4 tokens = 64 slots: five sequences of ~20-40 tokens cannot all stay resident.
-    engine = make_engine(default_model_dir, block_size=4, kv_cache_space_gib=_gib_for_blocks(default_model_dir, 16, 4),
+    engine = make_engine(default_model_dir, block_size=4, kv_cache_space=_gib_for_blocks(default_model_dir, 16, 4),
                          max_model_len=64)
     outputs = engine.generate(prompts, GREEDY)
     assert engine.scheduler.num_preemptions > 0
@@ -108,7 +108,7 @@ def test_prefix_cache_hit_gives_identical_output(default_model_dir):
 
 def test_cached_blocks_are_evicted_when_space_is_needed(default_model_dir, alone):
     prompts, expected = alone
-    engine = make_engine(default_model_dir, block_size=4, kv_cache_space_gib=_gib_for_blocks(default_model_dir, 16, 4),
+    engine = make_engine(default_model_dir, block_size=4, kv_cache_space=_gib_for_blocks(default_model_dir, 16, 4),
                          max_model_len=64)
     for prompt, want in zip(prompts, expected):  # each run leaves its blocks cached, the next evicts them
         assert engine.generate([prompt], GREEDY)[0][0].token_ids == want

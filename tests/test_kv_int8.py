@@ -18,7 +18,7 @@ from shrike.engine.llm_engine import EngineConfig, LLMEngine
 from shrike.errors import ConfigError
 from shrike.layers import kv_int8
 from shrike.layers.attention import KVCache, paged_attention_reference
-from shrike.model.loader import resolve_kv_cache_dtype
+from shrike.layers.kv_dtypes import resolve_kv_cache_dtype
 from shrike.ops import rope_write_kv_reference
 from shrike.platform.memory import plan_kv_cache
 from shrike.sampling.params import SamplingParams
@@ -172,10 +172,9 @@ def test_planner_counts_values_and_scales():
 def test_unknown_kv_cache_dtype_is_a_one_line_error(capsys, default_model_dir):
     with pytest.raises(ConfigError, match="--kv-cache-dtype 'fp8' is not supported; use auto, bfloat16, float32, int8"):
         resolve_kv_cache_dtype("fp8", torch.bfloat16)
-    with pytest.raises(SystemExit):
-        main(["serve", "--kv-cache-dtype", "fp8_e4m3"])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert "invalid choice: 'fp8_e4m3'" in err[-1]
+    assert main(["serve", "--kv-cache-dtype", "fp8_e4m3"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "shrike serve: error: --kv-cache-dtype 'fp8_e4m3' is not supported; use auto, bfloat16, float32, int8"]
 
 
 def test_doctor_plans_an_int8_cache(default_model_dir, capsys):
@@ -230,7 +229,7 @@ def test_preempted_run_equals_alone(default_model_dir, compiled):
     alone = make_engine(default_model_dir, block_size=4, max_model_len=48)
     expected = [alone.generate([p], GREEDY)[0][0].token_ids for p in prompts]
     tight = make_engine(default_model_dir, block_size=4, max_model_len=48,
-                        kv_cache_space_gib=14 * 4 * token_bytes / 2**30)  # 14 blocks of 4: not all fit at once
+                        kv_cache_space=14 * 4 * token_bytes / 2**30)  # 14 blocks of 4: not all fit at once
     assert [o[0].token_ids for o in tight.generate(prompts, GREEDY)] == expected
     assert tight.scheduler.num_preemptions > 0
     assert tight.block_manager.num_free_blocks == tight.block_manager.num_blocks
@@ -290,7 +289,7 @@ def test_long_prompt_on_a_2b_shaped_model(tmp_path):
 
     synthesize(tmp_path / "m", "minicpm5-2b", "w4a8-g128", layers=2, progress=False)
     engine = LLMEngine(EngineConfig(model=str(tmp_path / "m"), max_model_len=32768, max_num_seqs=1,
-                                    kv_cache_space_gib=0.04, kv_cache_dtype="int8", progress=False))
+                                    kv_cache_space=0.04, kv_cache_dtype="int8", progress=False))
     assert engine.runner.compiled is not None
     assert engine.kv_plan.bytes_per_token == 2 * 2 * 2 * 132
     prompt = [(i * 7919) % 20000 + 100 for i in range(32768 - 4)]

@@ -16,7 +16,7 @@ PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):", 
 @pytest.fixture(scope="module")
 def llm(default_model_dir):
     # float32: batched and lone requests then agree token for token (bfloat16 rounds with the batch's shape).
-    return LLM(str(default_model_dir), dtype="float32", max_model_len=512, kv_cache_space_gib=0.25,
+    return LLM(str(default_model_dir), dtype="float32", max_model_len=512, kv_cache_space=0.25,
                max_num_seqs=8, progress=False)
 
 
@@ -101,7 +101,7 @@ def test_chat_one_conversation_and_many(llm):
 
 def test_chat_template_kwargs_reach_the_template(default_model_dir):
     template = "{% for m in messages %}{{ greeting }} {{ m['content'] }}\n{% endfor %}"
-    llm = LLM(str(default_model_dir), dtype="float32", max_model_len=128, kv_cache_space_gib=0.05,
+    llm = LLM(str(default_model_dir), dtype="float32", max_model_len=128, kv_cache_space=0.05,
               chat_template=template, progress=False)
     (output,) = llm.chat(QUESTION, greedy(1), use_tqdm=False, chat_template_kwargs={"greeting": "Bonjour"})
     assert output.prompt == "Bonjour What is the capital of France?\n"

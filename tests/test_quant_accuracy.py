@@ -99,7 +99,7 @@ def test_w4a8_g64_perplexity_bound(results):
 @pytest.mark.parametrize("name", ["w8a8", "w4a8-g64"])
 def test_kernel_and_reference_paths_agree(quantized, cache_dir, name):
     engines = {backend: LLMEngine(EngineConfig(model=str(quantized[name]), kernel_backend=backend,
-                                               kv_cache_space_gib=0.05, max_model_len=512, progress=False))
+                                               kv_cache_space=0.05, max_model_len=512, progress=False))
                for backend in ("auto", "reference")}
     prompt = engines["auto"].tokenizer.encode(TEXT.read_text()[:400])
     logits = {b: sequence_logits(e.runner.model, prompt) for b, e in engines.items()}

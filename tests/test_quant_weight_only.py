@@ -202,7 +202,7 @@ def test_reference_backend_builds_the_kernels_weights(checkpoints, name):
 
 
 def _greedy(model: str, prompts: list[str], **engine) -> list[list[int]]:
-    e = LLMEngine(EngineConfig(model=model, kv_cache_space_gib=0.05, max_model_len=256, progress=False, **engine))
+    e = LLMEngine(EngineConfig(model=model, kv_cache_space=0.05, max_model_len=256, progress=False, **engine))
     assert (e.runner.compiled is not None) == engine.get("compiled_forward", True), e.runner.plan_blocker
     params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
     return [out[0].token_ids for out in e.generate([e.tokenizer.encode(p) for p in prompts], params)]

@@ -17,7 +17,7 @@ SHORT = SamplingParams(max_tokens=3, temperature=0)
 
 @pytest.fixture(scope="module")
 def engine(default_model_dir):
-    return LLMEngine(EngineConfig(model=str(default_model_dir), max_model_len=512, kv_cache_space_gib=0.25,
+    return LLMEngine(EngineConfig(model=str(default_model_dir), max_model_len=512, kv_cache_space=0.25,
                                   max_num_seqs=2, progress=False))
 
 

@@ -68,10 +68,10 @@ def test_sigint_when_idle_exits_zero(default_model_dir, tmp_path):
 @pytest.mark.parametrize("flags, expected", [
     (["--port", "http"], "argument --port: 'http' is not a whole number"),
     (["--port", "70000"], "argument --port: 70000 is not a TCP port"),
-    (["--max-num-seqs", "0"], "argument --max-num-seqs: 0 is below the minimum of 1"),
-    (["--kv-cache-space", "-1"], "argument --kv-cache-space: -1 must be a number above 0"),
+    (["--max-num-seqs", "0"], "--max-num-seqs 0 is below the minimum of 1"),
+    (["--kv-cache-space", "-1"], "--kv-cache-space -1: give a size in GiB above 0, or leave it out"),
     (["--generation-config", "hf"], "argument --generation-config: invalid choice: 'hf'"),
-    (["--dtype", "float8"], "argument --dtype: invalid choice: 'float8'"),
+    (["--dtype", "float8"], "--dtype 'float8' is not supported; use auto, float32, bfloat16"),
     (["--chat-template", "no/such/template.jinja"], "is neither a file nor a Jinja template"),
 ])
 def test_bad_flag_value_is_one_line(flags, expected):

@@ -102,7 +102,7 @@ def test_prefix_cache_hits_and_preemption_equal_plain(default_model_dir, plain):
     # 32 blocks x 4 tokens: six sequences of 40-90 tokens cannot all stay resident, and each repeat of a
     # prompt finds its earlier blocks cached.
     engine = make_engine(default_model_dir, speculative=True, block_size=4, max_model_len=128,
-                         kv_cache_space_gib=_gib_for_blocks(default_model_dir, 32, 4))
+                         kv_cache_space=_gib_for_blocks(default_model_dir, 32, 4))
     assert engine.block_manager.num_blocks == 32
     before = dataclasses.replace(engine.speculator.stats)
     outputs = engine.generate(prompts + prompts, GREEDY)

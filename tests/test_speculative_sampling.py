@@ -71,7 +71,7 @@ def test_sampled_engine_output_matches_plain_distribution(default_model_dir):
     often wrongly): token frequencies at several output positions agree with plain decoding."""
     def engine(speculative: bool) -> LLMEngine:
         return LLMEngine(EngineConfig(model=str(default_model_dir), dtype="float32", max_model_len=128,
-                                      progress=False, max_num_seqs=256, kv_cache_space_gib=0.25,
+                                      progress=False, max_num_seqs=256, kv_cache_space=0.25,
                                       speculative_config=NGRAM if speculative else None))
     plain, spec = engine(False), engine(True)
     prompt = plain.tokenizer.encode("1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2,")

@@ -40,7 +40,7 @@ def test_synthetic_checkpoint_loads_and_generates(tmp_path, monkeypatch, scheme,
     path = tmp_path / "model"
     synthesize(path, "tiny", scheme, fmt, layers=3, progress=False)
     monkeypatch.setenv("SHRIKE_CACHE_DIR", str(tmp_path / "cache"))  # after synthesize found the real tokenizer
-    engine = LLMEngine(EngineConfig(model=str(path), kv_cache_space_gib=0.02, max_model_len=256, progress=False))
+    engine = LLMEngine(EngineConfig(model=str(path), kv_cache_space=0.02, max_model_len=256, progress=False))
     assert engine.model_config.num_layers == 3
     prompt = engine.tokenizer.encode("Four score and seven years ago")
     out = engine.generate([prompt], SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))[0][0]

@@ -6,30 +6,8 @@ import sys
 from pathlib import Path
 
 from shrike import __version__
+from shrike.engine.config import add_engine_arguments, engine_config_from_args
 from shrike.errors import ConfigError
-
-
-def _add_model_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", nargs="?", default=None,
-                   help="model directory (Hugging Face layout) or .gguf file; default: SmolLM2-135M-Instruct")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
-                   help="weight and activation dtype (default: the checkpoint's)")
-    p.add_argument("--max-model-len", type=int, default=None, help="maximum tokens per sequence (prompt + output)")
-    p.add_argument("--chat-template", default=None, help="Jinja chat template file (or string) replacing the model's")
-    p.add_argument("--kv-cache-space", type=float, default=None, metavar="GIB",
-                   help="KV-cache size in GiB (default: sized from free memory)")
-    p.add_argument("--kernel-backend", default="auto", choices=["auto", "reference"],
-                   help="every op on the compiled kernels, as one compiled forward per step (auto), or on its PyTorch "
-                   "reference in the eager Python model (reference)")
-    p.add_argument("--lm-head-quant", default="none", choices=["none", "int8"],
-                   help="none: the lm_head keeps the checkpoint's precision (default); "
-                   "int8: quantized per vocabulary row at load (half the bytes of bf16, slightly less accurate)")
-    p.add_argument("--activation-quant", default="none", choices=["none", "int8"],
-                   help="weight-only (W4A16 / W8A16) checkpoints: none keeps activations in 16 bits (default, accurate); "
-                   "int8 quantizes them per token for the W4A8 / W8A8 int8 kernels (faster, less accurate)")
-    p.add_argument("--cpu-threads", type=int, default=None, help="compute threads (default: one per fast core)")
-    p.add_argument("--cpu-bind", default=None, metavar="LIST",
-                   help="cores to compute on, e.g. 0,1,6-11 (default: the fastest class of usable cores)")
 
 
 def _add_sampling_arguments(p: argparse.ArgumentParser) -> None:
@@ -55,17 +33,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     gen = sub.add_parser("generate", help="generate text from a prompt, streamed to the terminal",
                          description="Generate a continuation (or a chat answer with --chat) and stream it.")
-    _add_model_arguments(gen)
+    add_engine_arguments(gen)
     gen.add_argument("--prompt", required=True, help="prompt text (the user message with --chat)")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     gen.add_argument("--system", default=None, help="system message (with --chat)")
     _add_sampling_arguments(gen)
     gen.add_argument("--stats", action="store_true",
                      help="print time to first token, decode speed (and speculative acceptance) to stderr")
-    gen.add_argument("--speculative-config", default=None, metavar="JSON",
-                     help="speculative decoding, vLLM's JSON: '{\"method\": \"ngram\", \"num_speculative_tokens\": 5, "
-                        "\"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2}' proposes continuations of earlier "
-                        "text (exact: outputs equal those without it) (default: off)")
 
     conv = sub.add_parser("convert", help="convert a GGUF file to a Hugging Face-style directory",
                           description="Convert a GGUF (llama or gemma3 architecture, any common tensor type) into "
@@ -107,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+ENGINE_COMMANDS = ("generate", "serve", "eval-ppl", "doctor")  # the commands that take every engine flag
 BENCHMARKS = {"kernels": "bench_kernels", "serving": "bench_serving", "reference": "bench_reference", "soak": "soak",
               "spec": "bench_spec", "long-context": "bench_long_context", "gguf-import": "bench_gguf_import",
               "vllm": "bench_vs_vllm"}
@@ -181,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        if args.command in ENGINE_COMMANDS:
+            engine_config_from_args(args)  # every engine flag is checked before any work starts
         return handlers[args.command](args)
     except (ConfigError, ValueError, FileNotFoundError) as e:
         print(f"shrike {args.command}: error: {e}", file=sys.stderr)

@@ -11,7 +11,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from shrike.engine.config import EngineConfig, add_engine_arguments, engine_config_from_args
 from shrike.errors import ConfigError
+from shrike.layers.kv_dtypes import KV_ELEMENTS
 from shrike.platform.cpulist import format_cpu_list
 from shrike.platform.memory import GIB, MemoryInfo, plan_kv_cache, read_memory
 from shrike.platform.topology import Topology, read_topology, resolve_binding
@@ -42,10 +44,10 @@ def _kernel_section(problems: list[str]) -> dict[str, Any]:
     }
 
 
-def _topology_section(topology: Topology, problems: list[str]) -> dict[str, Any]:
+def _topology_section(topology: Topology, config: EngineConfig, problems: list[str]) -> dict[str, Any]:
     basis, _ = topology.speed_classes(topology.usable)
     try:
-        binding = resolve_binding(None, None, topology)
+        binding = resolve_binding(config.cpu_threads, config.cpu_bind, topology)
     except ConfigError as error:
         problems.append(str(error))
         binding = []
@@ -101,32 +103,24 @@ def _model_shape(model_dir: Path) -> dict[str, Any]:
         raise ConfigError(f"{config_path} has no {error.args[0]}; is it a decoder-only language model?") from None
 
 
-# --kv-cache-dtype -> (bytes per value, scale bytes per token and KV head); int8 as shrike.layers.kv_int8.
-_KV_DTYPE_BYTES = {"float32": (4, 0), "bfloat16": (2, 0), "int8": (1, 4)}
-
-
-def _kv_section(model: str | None, max_model_len: int | None, memory: MemoryInfo, problems: list[str],
-                kv_cache_dtype: str = "auto") -> dict:
+def _kv_section(config: EngineConfig, memory: MemoryInfo, problems: list[str]) -> dict:
     try:
         from shrike.default_model import resolve_model
 
-        model_dir = resolve_model(model)
+        model_dir = resolve_model(config.model)
     except (ImportError, ValueError) as error:
-        if model is None:
+        if config.model is None:
             return {"skipped": f"no model given and the default model is unavailable: {error}"}
         problems.append(str(error))
         return {"error": str(error)}
-    from shrike.engine.llm_engine import EngineConfig  # its defaults are what a server would run with
-
     try:
         shape = _model_shape(Path(model_dir))
-        if kv_cache_dtype != "auto":
-            if kv_cache_dtype not in _KV_DTYPE_BYTES:
-                raise ConfigError(f"--kv-cache-dtype {kv_cache_dtype!r} is not supported; use auto, "
-                                  f"{', '.join(_KV_DTYPE_BYTES)}")
-            shape["kv_dtype"] = kv_cache_dtype
-        value_bytes, scale_bytes = _KV_DTYPE_BYTES[shape["kv_dtype"]]
-        length = max_model_len or shape["max_position_embeddings"]
+        if config.kv_cache_dtype != "auto":
+            shape["kv_dtype"] = config.kv_cache_dtype
+        elif config.dtype != "auto":
+            shape["kv_dtype"] = config.dtype  # the cache follows the activations
+        element = KV_ELEMENTS[shape["kv_dtype"]]
+        length = config.max_model_len or shape["max_position_embeddings"]
         if length > shape["max_position_embeddings"]:
             raise ConfigError(
                 f"--max-model-len {length} is more than the model's maximum {shape['max_position_embeddings']}; lower it"
@@ -135,13 +129,14 @@ def _kv_section(model: str | None, max_model_len: int | None, memory: MemoryInfo
             num_layers=shape["num_layers"],
             num_kv_heads=shape["num_kv_heads"],
             head_dim=shape["head_dim"],
-            kv_dtype_bytes=value_bytes,
-            kv_scale_bytes=scale_bytes,
-            block_size=EngineConfig.block_size,
+            kv_dtype_bytes=element.value_bytes,
+            kv_scale_bytes=element.scale_bytes,
+            block_size=config.block_size,
             max_model_len=length,
             weight_bytes=shape["weight_bytes"],
+            kv_cache_space_gib=config.kv_cache_space,
             available_bytes=memory.available_bytes,
-            max_num_seqs=EngineConfig.max_num_seqs,
+            max_num_seqs=config.max_num_seqs,
         )
     except ConfigError as error:
         problems.append(str(error))
@@ -194,19 +189,18 @@ def _plugin_section(problems: list[str], kernels_load: bool) -> dict[str, Any]:
     return {"installed": installed, **registry.describe()}
 
 
-def collect_report(
-    model: str | None, max_model_len: int | None, sysfs_root: str = "/sys", procfs_root: str = "/proc",
-    kv_cache_dtype: str = "auto",
-) -> dict[str, Any]:
+def collect_report(config: EngineConfig, sysfs_root: str = "/sys", procfs_root: str = "/proc") -> dict[str, Any]:
+    """What this machine gives an engine run with `config`; only the settings that plan memory and cores
+    (model, dtype, max-model-len, KV-cache dtype and space, max-num-seqs, CPU threads and binding) change it."""
     problems: list[str] = []
     topology = read_topology(sysfs_root, procfs_root)
     memory = read_memory(sysfs_root, procfs_root)
     kernels = _kernel_section(problems)
     return {
         "cpu": {"model": topology.cpu_model, **kernels},
-        "topology": _topology_section(topology, problems),
+        "topology": _topology_section(topology, config, problems),
         "memory": _memory_section(memory),
-        "kv_cache": _kv_section(model, max_model_len, memory, problems, kv_cache_dtype),
+        "kv_cache": _kv_section(config, memory, problems),
         "caches": _cache_section(),
         "plugins": _plugin_section(problems, kernels_load="error" not in kernels),
         "environment": {name: value for name, value in sorted(os.environ.items()) if name.startswith("SHRIKE_")},
@@ -332,15 +326,8 @@ def format_report(report: dict[str, Any]) -> str:
     return "\n\n".join("\n".join(lines) for lines in sections)
 
 
-def run_doctor(
-    model: str | None,
-    max_model_len: int | None,
-    as_json: bool,
-    sysfs_root: str = "/sys",
-    procfs_root: str = "/proc",
-    kv_cache_dtype: str = "auto",
-) -> int:
-    report = collect_report(model, max_model_len, sysfs_root, procfs_root, kv_cache_dtype)
+def run_doctor(config: EngineConfig, as_json: bool, sysfs_root: str = "/sys", procfs_root: str = "/proc") -> int:
+    report = collect_report(config, sysfs_root, procfs_root)
     print(json.dumps(report, indent=2) if as_json else format_report(report))
     for problem in report["problems"]:
         print(f"shrike doctor: {problem}", file=sys.stderr)
@@ -348,14 +335,10 @@ def run_doctor(
 
 
 def add_doctor_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", nargs="?", default=None,
-                        help="model directory or .gguf file to plan the KV cache for (default: the bundled model)")
-    parser.add_argument("--max-model-len", type=int, default=None,
-                        help="sequence length to plan the KV cache for (default: the model's maximum)")
-    parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "bfloat16", "float32", "int8"],
-                        help="KV-cache element type to plan for, as `shrike serve --kv-cache-dtype` (default: auto)")
+    """MODEL, every engine flag (the KV-cache plan and the core binding follow them) and --json."""
+    add_engine_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
 def doctor_main(args: argparse.Namespace) -> int:
-    return run_doctor(args.model, args.max_model_len, args.json, kv_cache_dtype=args.kv_cache_dtype)
+    return run_doctor(engine_config_from_args(args), args.json)

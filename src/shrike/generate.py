@@ -5,7 +5,8 @@ import argparse
 import sys
 import time
 
-from shrike.engine.llm_engine import EngineConfig, LLMEngine
+from shrike.engine.config import engine_config_from_args
+from shrike.engine.llm_engine import LLMEngine
 from shrike.sampling.params import SamplingParams
 
 
@@ -19,11 +20,7 @@ def sampling_params_from_args(args: argparse.Namespace) -> SamplingParams:
 
 def run_generate(args: argparse.Namespace) -> int:
     params = sampling_params_from_args(args)
-    engine = LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, max_model_len=args.max_model_len,
-                                    chat_template=args.chat_template, kv_cache_space_gib=args.kv_cache_space,
-                                    cpu_threads=args.cpu_threads, cpu_bind=args.cpu_bind, max_num_seqs=1,
-                                    kernel_backend=args.kernel_backend, lm_head_quant=args.lm_head_quant,
-                                    speculative_config=args.speculative_config, activation_quant=args.activation_quant))
+    engine = LLMEngine(engine_config_from_args(args))
     tok = engine.tokenizer
     if args.chat:
         messages = ([{"role": "system", "content": args.system}] if args.system else [])

@@ -9,7 +9,8 @@ import itertools
 from collections.abc import Iterator, Sequence
 from typing import Any, Union
 
-from shrike.engine.llm_engine import EngineConfig, LLMEngine, RequestOutput as EngineOutput
+from shrike.engine.config import EngineConfig
+from shrike.engine.llm_engine import LLMEngine, RequestOutput as EngineOutput
 from shrike.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
 from shrike.sampling.params import SamplingParams
 from shrike.sampling.sampler import TokenLogprobs
@@ -26,10 +27,11 @@ _request_ids = itertools.count()
 class LLM:
     """A model loaded for offline use.
 
-    Engine arguments are EngineConfig's fields, named as the CLI flags (--max-model-len -> max_model_len):
-    dtype, max_model_len, max_num_seqs, max_num_batched_tokens, kv_cache_space_gib, kv_cache_dtype,
-    chat_template, enable_prefix_caching, cpu_threads, cpu_bind, kernel_backend, lm_head_quant, activation_quant,
-    progress, speculative_config (vLLM's JSON as a dict or text, e.g. {"method": "ngram", "num_speculative_tokens": 5}).
+    Engine arguments are EngineConfig's fields (shrike.engine.config), named as the CLI flags
+    (--max-model-len -> max_model_len) and checked with the same words: dtype, max_model_len, max_num_seqs,
+    max_num_batched_tokens, kv_cache_space, kv_cache_dtype, chat_template, enable_prefix_caching, cpu_threads,
+    cpu_bind, kernel_backend, lm_head_quant, activation_quant, speculative_config (vLLM's JSON as a dict or text,
+    e.g. {"method": "ngram", "num_speculative_tokens": 5}), and the Python-only block_size and progress.
     """
 
     def __init__(self, model: str | None = None, **engine_args: Any):

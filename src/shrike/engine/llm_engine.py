@@ -6,11 +6,13 @@ import time
 from dataclasses import dataclass, field
 
 from shrike.engine.block_manager import BlockManager
+from shrike.engine.config import EngineConfig
 from shrike.engine.model_runner import ModelRunner
 from shrike.engine.scheduler import Scheduler
 from shrike.engine.sequence import Sequence
 from shrike.engine.stop import StopStringFilter
-from shrike.model.loader import LoadedModel, load_model, resolve_kv_cache_dtype
+from shrike.layers.kv_dtypes import resolve_kv_cache_dtype
+from shrike.model.loader import LoadedModel, load_model
 from shrike.platform.binding import bind_compute_threads
 from shrike.sampling.params import SamplingParams
 from shrike.sampling.sampler import TokenLogprobs
@@ -18,33 +20,6 @@ from shrike.speculative.config import parse_speculative_config
 from shrike.speculative.draft_model import DraftModel
 from shrike.speculative.speculator import Speculator
 from shrike.tokenizer import IncrementalDecoder
-
-
-@dataclass
-class EngineConfig:
-    model: str | None = None  # directory or .gguf; None: the default model
-    dtype: str = "auto"  # auto (the checkpoint's), float32, bfloat16
-    max_model_len: int | None = None  # None: the model's maximum
-    max_num_seqs: int = 64
-    # Step budget. 512 prefills as fast as 2048 (same tok/s on 2B W4A8 and SmolLM2: the tile kernels are as
-    # efficient at 512 rows), but prompts that arrive together finish one after another, so most get their
-    # first token sooner (8 x 256 tokens on SmolLM2: median first token 0.61x), and running streams stall
-    # for at most a 512-token step while a long prompt prefills.
-    max_num_batched_tokens: int = 512
-    block_size: int = 16
-    kv_cache_space_gib: float | None = None  # None: sized from free memory
-    kv_cache_dtype: str = "auto"  # auto: the activations' dtype (bf16 for bf16 and quantized models); or int8
-    chat_template: str | None = None
-    enable_prefix_caching: bool = True
-    cpu_threads: int | None = None  # None: one per default core
-    cpu_bind: str | None = None  # e.g. "0,1,6-11"; None: the fastest class of usable cores
-    progress: bool = True
-    kernel_backend: str = "auto"  # auto: the compiled kernel core; reference: the PyTorch reference (tests)
-    lm_head_quant: str = "none"  # none: the checkpoint's precision; int8: per-row int8 (W8A8 kernel) from load
-    activation_quant: str = "none"  # weight-only checkpoints: none keeps 16-bit activations; int8: int8 kernels
-    compiled_forward: bool = True  # False: always the eager Python forward (the reference path)
-    # vLLM's --speculative-config: JSON text or a dict, e.g. {"method": "ngram", "num_speculative_tokens": 5}
-    speculative_config: str | dict | None = None
 
 
 @dataclass
@@ -99,7 +74,7 @@ class LLMEngine:
         self.model_dir = loaded.model_dir
         self.max_model_len = loaded.max_model_len
         self.kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype)
-        self.kv_plan = loaded.plan_kv_cache(config.kv_cache_space_gib, config.block_size, config.max_num_seqs,
+        self.kv_plan = loaded.plan_kv_cache(config.kv_cache_space, config.block_size, config.max_num_seqs,
                                             self.kv_dtype)
         self.block_manager = BlockManager(self.kv_plan.num_blocks, config.block_size, config.enable_prefix_caching)
         self.eos_ids = frozenset(self.tokenizer.eos_token_ids)

@@ -9,39 +9,17 @@ from tqdm import tqdm
 
 from shrike.default_model import resolve_model
 from shrike.errors import ConfigError
+from shrike.layers.kv_dtypes import kv_cache_bytes
 from shrike.layers.lm_head import LM_HEAD_QUANT, int8_lm_head
 from shrike.model.config import ModelConfig
 from shrike.model.llama import CausalLM
 from shrike.model.weights import CheckpointTensors
-from shrike.platform.memory import KVCachePlan, plan_kv_cache, read_memory
+from shrike.platform.memory import KVCachePlan, kv_bytes_per_token, plan_kv_cache, read_memory
 from shrike.plugins import build_registry
 from shrike.quantization.backends import ACTIVATION_QUANT, select_backend
 from shrike.tokenizer import Tokenizer
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
-
-
-KV_CACHE_DTYPES = ("auto", "bfloat16", "float32", "int8")
-
-
-def resolve_kv_cache_dtype(name: str, act_dtype: torch.dtype) -> torch.dtype:
-    """--kv-cache-dtype -> the cache tensors' dtype (torch.int8: int8 rows with per-row scales)."""
-    if name == "auto":
-        return act_dtype
-    if name == "int8":
-        return torch.int8
-    if name in ("bfloat16", "float32"):
-        return DTYPES[name]
-    raise ConfigError(f"--kv-cache-dtype {name!r} is not supported; use {', '.join(KV_CACHE_DTYPES)} "
-                      "(int8 halves the cache of a bfloat16 model)")
-
-
-def kv_cache_bytes(kv_dtype: torch.dtype) -> tuple[int, int]:
-    """(bytes per cached value, bytes of scale per token and KV head) of a cache dtype."""
-    if kv_dtype == torch.int8:
-        from shrike.layers import kv_int8
-        return 1, kv_int8.SCALE_BYTES
-    return torch.finfo(kv_dtype).bits // 8, 0
 
 
 def resolve_dtype(name: str, config: ModelConfig) -> torch.dtype:
@@ -63,6 +41,10 @@ class LoadedModel:
     max_model_len: int
     weight_bytes: int
     available_bytes_before_load: int  # so that the KV-cache plan does not count the weights twice
+
+    def kv_bytes_per_token(self, kv_dtype: torch.dtype) -> int:
+        c = self.config
+        return kv_bytes_per_token(c.num_layers, c.num_kv_heads, c.head_dim, *kv_cache_bytes(kv_dtype))
 
     def plan_kv_cache(self, space_gib: float | None, block_size: int, max_num_seqs: int,
                       kv_dtype: torch.dtype) -> KVCachePlan:

@@ -67,6 +67,12 @@ def _gib(num_bytes: float) -> str:
     return f"{num_bytes / GIB:.1f} GiB"
 
 
+def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, kv_dtype_bytes: int,
+                       kv_scale_bytes: int = 0) -> int:
+    """Cache bytes one token takes: keys and values; an int8 cache also keeps a scale per token and KV head."""
+    return 2 * num_layers * num_kv_heads * (head_dim * kv_dtype_bytes + kv_scale_bytes)
+
+
 def plan_kv_cache(
     num_layers: int,
     num_kv_heads: int,
@@ -101,8 +107,7 @@ def plan_kv_cache(
     if available_bytes is None:
         available_bytes = read_memory().available_bytes
 
-    # keys and values; an int8 cache also keeps a scale per token and KV head
-    bytes_per_token = 2 * num_layers * num_kv_heads * (head_dim * kv_dtype_bytes + kv_scale_bytes)
+    bytes_per_token = kv_bytes_per_token(num_layers, num_kv_heads, head_dim, kv_dtype_bytes, kv_scale_bytes)
     after_weights = available_bytes - weight_bytes - runtime_reserve_bytes
     if kv_cache_space_gib is not None:
         source, budget = "flag", int(kv_cache_space_gib * GIB)

@@ -1,4 +1,5 @@
-"""`shrike serve` flags, named as vLLM names them where the meaning is the same."""
+"""`shrike serve` flags, named as vLLM names them where the meaning is the same: the engine's (shrike.engine.config)
+and the server's own."""
 from __future__ import annotations
 
 import argparse
@@ -6,9 +7,9 @@ import os
 import sys
 from typing import NoReturn
 
+from shrike.engine.config import add_engine_arguments
+
 API_KEY_ENV = "SHRIKE_API_KEY"
-DEFAULT_MAX_NUM_SEQS = 64
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 512  # EngineConfig.max_num_batched_tokens: why there
 DEFAULT_MAX_QUEUE_LEN = 128
 DEFAULT_SHUTDOWN_TIMEOUT = 10.0
 
@@ -46,51 +47,21 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     # A mistyped flag deserves one line naming it, not the whole usage block above it.
     parser.error = lambda message: _exit_with_one_line(parser, message)
 
-    parser.add_argument("model", nargs="?", default=None,
-                        help="model directory (Hugging Face layout) or .gguf file; default: SmolLM2-135M-Instruct")
+    add_engine_arguments(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     parser.add_argument("--port", type=_port, default=8000, help="TCP port (default: 8000)")
     parser.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
                         help="model name(s) clients use in the `model` field; the first one is reported "
                              "(default: the model argument, or the default model's name)")
-    parser.add_argument("--max-model-len", type=_int_at_least(2), default=None,
-                        help="maximum tokens per sequence, prompt plus output (default: the model's)")
-    parser.add_argument("--max-num-seqs", type=_int_at_least(1), default=DEFAULT_MAX_NUM_SEQS,
-                        help=f"sequences computed together in one step (default: {DEFAULT_MAX_NUM_SEQS})")
-    parser.add_argument("--max-num-batched-tokens", type=_int_at_least(1), default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
-                        help=f"tokens computed in one step (default: {DEFAULT_MAX_NUM_BATCHED_TOKENS})")
     parser.add_argument("--max-queue-len", type=_int_at_least(0), default=DEFAULT_MAX_QUEUE_LEN,
                         help="sequences that may wait beyond --max-num-seqs; more get 503 with Retry-After "
                              f"(default: {DEFAULT_MAX_QUEUE_LEN})")
-    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
-                        help="weight and activation dtype (default: the checkpoint's)")
-    parser.add_argument("--kv-cache-space", type=_positive_float, default=None, metavar="GIB",
-                        help="KV-cache size in GiB (default: sized from free memory)")
-    parser.add_argument("--kernel-backend", default="auto", choices=["auto", "reference"],
-                        help="every op on the compiled kernels, as one compiled forward per step (auto), or on its PyTorch "
-                        "reference in the eager Python model (reference)")
-    parser.add_argument("--lm-head-quant", default="none", choices=["none", "int8"],
-                        help="none: the lm_head keeps the checkpoint's precision (default); "
-                        "int8: quantized per vocabulary row at load (half the bytes of bf16, slightly less accurate)")
-    parser.add_argument("--activation-quant", default="none", choices=["none", "int8"],
-                        help="weight-only (W4A16 / W8A16) checkpoints: none keeps activations in 16 bits (default, accurate); "
-                        "int8 quantizes them per token for the W4A8 / W8A8 int8 kernels (faster, less accurate)")
-    parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "bfloat16", "float32", "int8"],
-                        help="KV-cache element type (default: the activations' dtype); int8: values quantized per "
-                        "token and KV head, about half the bytes of bfloat16")
-    parser.add_argument("--cpu-threads", type=int, default=None, help="compute threads (default: one per fast core)")
-    parser.add_argument("--cpu-bind", default=None, metavar="LIST",
-                        help="cores to compute on, e.g. 0,1,6-11 (default: the fastest class of usable cores)")
-    parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
-                        help="reuse the KV cache of equal prompt prefixes across requests (default: on)")
     parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV) or None,
                         help="require `Authorization: Bearer KEY` on every route but /health, /metrics, /version "
                              f"and the API docs (default: ${API_KEY_ENV}, else open)")
     parser.add_argument("--generation-config", default="auto", choices=["auto", "vllm"],
                         help="auto: default sampling settings from the model's generation_config.json; "
                              "vllm: the OpenAI defaults (temperature 1, top_p 1)")
-    parser.add_argument("--chat-template", default=None,
-                        help="Jinja chat template file (or string) replacing the model's")
     parser.add_argument("--shutdown-timeout", type=_positive_float, default=DEFAULT_SHUTDOWN_TIMEOUT, metavar="SECONDS",
                         help="after SIGTERM/SIGINT, requests in flight get this long to finish while new ones get "
                              "503; then they end with an error and the server exits 0 "
@@ -109,10 +80,6 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                              "apply after it)")
     parser.add_argument("--web-ui", action=argparse.BooleanOptionalAction, default=True,
                         help="serve the chat page at / (default: on; --no-web-ui turns it off)")
-    parser.add_argument("--speculative-config", default=None, metavar="JSON",
-                        help="speculative decoding, vLLM's JSON: '{\"method\": \"ngram\", \"num_speculative_tokens\": 5, "
-                        "\"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2}' proposes continuations of earlier "
-                        "text (exact: outputs equal those without it) (default: off)")
     parser.add_argument("--disable-log-stats", action="store_true", help="do not log throughput every 10 s")
 
 

@@ -6,14 +6,14 @@ import logging
 import signal
 import socket
 import threading
-from pathlib import Path
 
 import uvicorn
 
 from shrike import __version__, _C
 from shrike.default_model import DEFAULT_GGUF_FILE
 from shrike.engine.async_engine import AsyncEngine
-from shrike.engine.llm_engine import EngineConfig, LLMEngine
+from shrike.engine.config import engine_config_from_args
+from shrike.engine.llm_engine import LLMEngine
 from shrike.errors import ConfigError
 from shrike.sampling.grammar import GrammarCompiler, new_grammar_compiler
 from shrike.server.app import build_app
@@ -37,7 +37,6 @@ def serve_main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # uvicorn's own start-up chatter would bury the one line that matters; its warnings still show.
     logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
-    check_chat_template_flag(args.chat_template)
     tool_parser_class = _tool_parser_class(args)
     listener = listen(args.host, args.port)
     ctx, engine = build_server_context(args, tool_parser_class)
@@ -62,13 +61,7 @@ def build_server_context(args: argparse.Namespace, tool_parser_class: type | Non
                          ) -> tuple[ServerContext, LLMEngine]:
     """Load the model and everything the endpoints need (the engine loop starts with the app)."""
     tool_parser_class = tool_parser_class or _tool_parser_class(args)
-    engine = LLMEngine(EngineConfig(
-        model=args.model, dtype=args.dtype, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_space_gib=args.kv_cache_space,
-        chat_template=args.chat_template, cpu_threads=args.cpu_threads, cpu_bind=args.cpu_bind,
-        enable_prefix_caching=args.enable_prefix_caching, kv_cache_dtype=args.kv_cache_dtype,
-        kernel_backend=args.kernel_backend, lm_head_quant=args.lm_head_quant,
-        speculative_config=args.speculative_config, activation_quant=args.activation_quant))
+    engine = LLMEngine(engine_config_from_args(args))
     defaults = SamplingDefaults.for_model(engine.model_dir, args.generation_config)
     names = args.served_model_name or [args.model or DEFAULT_GGUF_FILE.split(".")[0]]
     metrics = ServerMetrics(names[0], lambda: async_engine.load)
@@ -101,12 +94,6 @@ def _grammar_compiler(backend: str, engine: LLMEngine) -> GrammarCompiler:
     # The backend's view of the vocabulary takes about a second; build it while the server starts.
     threading.Thread(target=compiler.warm_up, name="shrike-grammar-warm-up", daemon=True).start()
     return compiler
-
-
-def check_chat_template_flag(template: str | None) -> None:
-    if template is None or Path(template).is_file() or "{{" in template or "{%" in template:
-        return
-    raise ConfigError(f"--chat-template {template!r} is neither a file nor a Jinja template")
 
 
 def listen(host: str, port: int) -> socket.socket:

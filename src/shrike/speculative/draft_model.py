@@ -32,9 +32,7 @@ class DraftModel:
                               "target; a draft must share the target's vocabulary")
         self.max_model_len = loaded.max_model_len
         # Room for as many tokens as the target's cache holds: the shadows hold the same tokens.
-        c = loaded.config
-        bytes_per_token = 2 * c.num_layers * c.num_kv_heads * c.head_dim * (torch.finfo(kv_dtype).bits // 8)
-        plan = loaded.plan_kv_cache(capacity_tokens * bytes_per_token / 2**30, block_size, max_num_seqs, kv_dtype)
+        plan = loaded.plan_kv_cache(capacity_tokens * loaded.kv_bytes_per_token(kv_dtype) / 2**30, block_size, max_num_seqs, kv_dtype)
         self.block_manager = BlockManager(plan.num_blocks, block_size, enable_prefix_caching=False)
         self.runner = ModelRunner(loaded.model, plan.num_blocks, block_size, kv_dtype, max_num_seqs,
                                   max_num_batched_tokens, loaded.max_model_len, compile=compiled_forward)

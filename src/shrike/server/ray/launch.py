@@ -14,8 +14,10 @@ from pathlib import Path
 from shrike import __version__
 from shrike.default_model import DEFAULT_GGUF_FILE, default_model_dir
 from shrike.errors import ConfigError
-from shrike.server.ray.args import check_ray_arguments, ray_address
-from shrike.server.serve import check_chat_template_flag, listen
+from shrike.engine.config import engine_config_from_args
+from shrike.server.args import add_serve_arguments
+from shrike.server.ray.args import add_ray_arguments, check_ray_arguments, ray_address
+from shrike.server.serve import listen
 
 logger = logging.getLogger("shrike.server.ray")
 
@@ -34,7 +36,6 @@ CONNECT_TIMEOUT_SECONDS = 5.0
 def ray_serve_main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     check_ray_arguments(args)
-    check_chat_template_flag(args.chat_template)
     address = ray_address(args)
     if address is not None:
         _check_reachable(address)
@@ -116,11 +117,12 @@ def app_builder(config: dict):
 
     Serve listens where the cluster's Serve config says; --host/--port/--ray-address do not apply.
     """
-    from shrike.cli import build_parser
-
-    args = build_parser().parse_args(["serve", "--ray", *shlex.split(str(config.get("flags", "")))])
+    parser = argparse.ArgumentParser(prog="shrike serve")
+    add_serve_arguments(parser)
+    add_ray_arguments(parser)
+    args = parser.parse_args(["--ray", *shlex.split(str(config.get("flags", "")))])
+    engine_config_from_args(args)
     check_ray_arguments(args)
-    check_chat_template_flag(args.chat_template)
     if args.model is not None:
         args.served_model_name = args.served_model_name or [args.model]
     return build_application(args, args.request_router or "prefix-affinity")
