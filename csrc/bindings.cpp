@@ -60,7 +60,7 @@ NB_MODULE(_C, m) {
   bind_linear(m);
   bind_attention(m);
   bind_fused(m);
-  bind_plan(m);
+  bind_executor(m);
   bind_dense(m);
   bind_weight_only(m);
   m.def("rmsnorm", &rmsnorm, nb::arg("x"), nb::arg("weight"), nb::arg("out").noconvert(), nb::arg("eps"));

@@ -10,7 +10,7 @@
 void bind_linear(nanobind::module_& m);
 void bind_attention(nanobind::module_& m);
 void bind_fused(nanobind::module_& m);
-void bind_plan(nanobind::module_& m);
+void bind_executor(nanobind::module_& m);
 void bind_dense(nanobind::module_& m);
 void bind_weight_only(nanobind::module_& m);
 

@@ -3,6 +3,9 @@
 #include "bindings_util.h"
 #include "attention/kv_int8.h"
 #include "fused/fused.h"
+#include "norm/rmsnorm.h"
+
+#include <cstring>
 
 using namespace shrike::bindings;
 using Array = ContiguousArray;
@@ -83,9 +86,62 @@ void rope_write_kv(const Array& qkv, const Array& cos, const Array& sin, const A
   shrike::rope_write_kv(a);
 }
 
+void gelu_tanh_mul(const Array& gate_up, Array& out) {
+  const std::string op = "gelu_tanh_mul";
+  shrike::DType dt = float_dtype(gate_up, op, "gate_up");
+  require(float_dtype(out, op, "out") == dt, op, "gate_up and out must share one dtype");
+  require(gate_up.ndim() == 2 && out.ndim() == 2 && dim(gate_up, 0) == dim(out, 0) && dim(gate_up, 1) == 2 * dim(out, 1),
+          op, "gate_up must be (rows, 2*width) and out (rows, width)");
+  nb::gil_scoped_release release;
+  shrike::gelu_tanh_mul(gate_up.data(), out.data(), dim(out, 0), dim(out, 1), dt);
+}
+
+void scale_in_place(Array& x, float factor, bool divide) {
+  const std::string op = divide ? "div_scalar" : "mul_scalar";
+  shrike::DType dt = float_dtype(x, op, "x");
+  shrike::scale_values(x.data(), static_cast<int64_t>(x.size()), factor, divide, dt);
+}
+
+void softcap(Array& x, float cap) {
+  require(x.dtype() == nb::dtype<float>(), "softcap", "x must be float32 logits");
+  require(cap > 0, "softcap", "cap must be positive");
+  shrike::softcap(static_cast<float*>(x.data()), static_cast<int64_t>(x.size()), cap);
+}
+
+void head_rmsnorm(const Array& qkv, const Array& q_weight, const Array& k_weight, Array& out, int64_t num_heads,
+                  int64_t num_kv_heads, float eps) {
+  const std::string op = "head_rmsnorm";
+  shrike::DType dt = float_dtype(qkv, op, "qkv");
+  require(float_dtype(q_weight, op, "q_weight") == dt && float_dtype(k_weight, op, "k_weight") == dt &&
+              float_dtype(out, op, "out") == dt, op, "qkv, weights and out must share one dtype");
+  const int64_t d = static_cast<int64_t>(q_weight.size());
+  require(k_weight.size() == q_weight.size() && qkv.ndim() == 2 && dim(qkv, 1) == (num_heads + 2 * num_kv_heads) * d &&
+              out.size() == qkv.size(), op, "qkv and out must be (T, (H + 2*Hkv) * D), weights (D,)");
+  const size_t e = dt == shrike::DType::f32 ? 4 : 2, row = dim(qkv, 1) * e;
+  const size_t k_offset = num_heads * d * e, v_offset = (num_heads + num_kv_heads) * d * e;
+  const auto* in = static_cast<const uint8_t*>(qkv.data());
+  auto* o = static_cast<uint8_t*>(out.data());
+  nb::gil_scoped_release release;
+  for (int64_t t = 0; t < dim(qkv, 0); ++t) {
+    shrike::rmsnorm(in + t * row, q_weight.data(), o + t * row, num_heads, d, eps, dt);
+    shrike::rmsnorm(in + t * row + k_offset, k_weight.data(), o + t * row + k_offset, num_kv_heads, d, eps, dt);
+    std::memcpy(o + t * row + v_offset, in + t * row + v_offset, row - v_offset);
+  }
+}
+
 }  // namespace
 
 void bind_fused(nb::module_& m) {
+  m.def("gelu_tanh_mul", &gelu_tanh_mul, nb::arg("gate_up"), nb::arg("out").noconvert(),
+        "out = gelu_tanh(gate) * up for gate_up = [gate | up].");
+  m.def("mul_scalar", [](Array& x, float factor) { scale_in_place(x, factor, false); }, nb::arg("x").noconvert(),
+        nb::arg("factor"), "x *= factor in place, rounded to x's dtype.");
+  m.def("div_scalar", [](Array& x, float divisor) { scale_in_place(x, divisor, true); }, nb::arg("x").noconvert(),
+        nb::arg("divisor"), "x /= divisor in place, rounded to x's dtype.");
+  m.def("softcap", &softcap, nb::arg("x").noconvert(), nb::arg("cap"), "x = tanh(x / cap) * cap in place (float32).");
+  m.def("head_rmsnorm", &head_rmsnorm, nb::arg("qkv"), nb::arg("q_weight"), nb::arg("k_weight"), nb::arg("out").noconvert(),
+        nb::arg("num_heads"), nb::arg("num_kv_heads"), nb::arg("eps"),
+        "out = qkv with each q head and k head RMS-normalised (v copied).");
   m.def("add_rmsnorm", &add_rmsnorm, nb::arg("x"), nb::arg("residual").noconvert(), nb::arg("weight"), nb::arg("out").noconvert(),
         nb::arg("eps"), "residual += x; out = rmsnorm(residual) * weight.");
   m.def("embedding", &embedding, nb::arg("token_ids"), nb::arg("table"), nb::arg("out").noconvert(), nb::arg("scale"),

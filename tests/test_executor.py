@@ -36,7 +36,7 @@ def _quantize(src, dst, scheme: str, **kwargs):
 
 def _engine(model_dir, compiled: bool, dtype: str = "auto", backend: str = "auto") -> LLMEngine:
     return LLMEngine(EngineConfig(model=str(model_dir), dtype=dtype, max_model_len=256, max_num_seqs=4,
-                                  max_num_batched_tokens=24, kv_cache_space_gib=0.02, progress=False,
+                                  max_num_batched_tokens=24, kv_cache_space=0.02, progress=False,
                                   compiled_forward=compiled, kernel_backend=backend))
 
 
@@ -62,7 +62,7 @@ def _recorded_run(engine: LLMEngine) -> tuple[list[torch.Tensor], list[list[int]
 
 def _assert_same_logits(model_dir, dtype: str = "auto"):
     compiled, eager = _engine(model_dir, True, dtype), _engine(model_dir, False, dtype)
-    assert compiled.runner.compiled is not None, compiled.runner.plan_blocker
+    assert compiled.runner.compiled is not None, compiled.runner.eager_reason
     assert eager.runner.compiled is None
     compiled_steps, compiled_tokens = _recorded_run(compiled)
     eager_steps, eager_tokens = _recorded_run(eager)
@@ -128,7 +128,7 @@ def test_bf16_logits_are_bit_identical(tiny_dirs, kind):
     model = _engine(tiny_dirs[kind], True, "bfloat16").runner.model
     tiles = _C.dense_variant("bfloat16", "bfloat16") == "amx"
     assert isinstance(model.layers[0].qkv_proj.weight, DenseTileWeight) == tiles
-    assert isinstance(model.lm_head, DenseTileWeight) == tiles
+    assert isinstance(model.lm_head.weight, DenseTileWeight) == tiles
     _assert_same_logits(tiny_dirs[kind], "bfloat16")
 
 
@@ -136,7 +136,7 @@ def test_smollm2_bf16_greedy_tokens_match(default_model_dir):
     prompts = [PROMPT[:6], SHARED_PREFIX[:9]]
     params = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
     compiled, eager = _engine(default_model_dir, True), _engine(default_model_dir, False)
-    assert compiled.runner.compiled is not None, compiled.runner.plan_blocker
+    assert compiled.runner.compiled is not None, compiled.runner.eager_reason
     outputs = [[seqs[0].token_ids for seqs in engine.generate(prompts, params)] for engine in (compiled, eager)]
     assert outputs[0] == outputs[1]
 
@@ -145,7 +145,7 @@ def test_reference_backend_runs_every_op_eagerly_with_the_same_tokens(tiny_dirs,
     quantized = tmp_path / "q"
     _quantize(tiny_dirs["qwen3"], quantized, "w4a8-g32")
     reference = _engine(quantized, True, backend="reference")
-    assert reference.runner.compiled is None and "reference" in reference.runner.plan_blocker
+    assert reference.runner.compiled is None and "reference" in reference.runner.eager_reason
     assert all(impl.source == "reference" for impl in reference.runner.model.ops.chosen.values())
     kernel = _engine(quantized, True)
     prompts = [PROMPT, SHARED_PREFIX[:20]]
@@ -169,11 +169,11 @@ def test_the_runner_leaves_sequences_to_the_scheduler(tiny_dirs, tmp_path):
     assert seq.num_computed_tokens == 10 and seq.output_ids == outputs[0].tokens
 
 
-def test_plan_rejects_inputs_outside_its_buffers(tiny_dirs, tmp_path):
+def test_executor_rejects_inputs_outside_its_buffers(tiny_dirs, tmp_path):
     quantized = tmp_path / "q"
     _quantize(tiny_dirs["llama"], quantized, "w8a8")
     compiled = _engine(quantized, True).runner.compiled
-    buffers = compiled.buffers
+    buffers = compiled.inputs
     buffers.seqs[0] = torch.tensor([0, 0, 1], dtype=torch.int32)
     buffers.block_tables[0, 0] = 10 ** 6  # not a block of the cache
     with pytest.raises(ValueError, match="outside the cache"):

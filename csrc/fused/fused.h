@@ -24,6 +24,14 @@ namespace avx512vnni {
 void silu_mul(const void* gate_up, void* out, int64_t rows, int64_t width, DType dtype);
 }
 
+// out = gelu_tanh(gate) * up with gate_up = [gate | up] per row (Gemma's GeGLU), the activation
+// rounded to dtype before the product as PyTorch stores it.  gate_up: (rows, 2*width); out: (rows, width)
+void gelu_tanh_mul(const void* gate_up, void* out, int64_t rows, int64_t width, DType dtype);
+// x *= factor, or x /= factor with divide, each value rounded to dtype (as torch with a Python scalar).
+void scale_values(void* x, int64_t count, float factor, bool divide, DType dtype);
+// x = tanh(x / cap) * cap on float32 logits (Gemma's final logit soft-capping).
+void softcap(float* x, int64_t count, float cap);
+
 struct RopeKvArgs {
   const void* qkv;  // (T, (H + 2*Hkv) * D) activations: q heads, then k heads, then v heads
   const float* cos;  // (T, D)

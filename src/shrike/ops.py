@@ -1,9 +1,10 @@
 """Shrike's kernel ops: every op a Llama-family step runs, registered into every registry.
 
 Each op has the compiled kernel (dispatching to the active ISA inside ``shrike._C``) and a torch
-reference with the same calling convention: inputs, a preallocated output, then scalars. Both the
-eager model and the compiled forward (shrike.model.compiled) run the op table resolved from the
-registry at load (``Registry.op_table``), so a plugin that replaces an op is the one called.
+reference with the same calling convention: inputs, a preallocated output, then scalars (the
+``*_scalar`` and ``softcap`` ops work in place). A model's forward calls the op table resolved from
+the registry at load (``Registry.op_table``); the op executor (shrike.executor) records those calls
+once and replays the built-in ones in C++, so a plugin that replaces an op is still the one called.
 
 Linear ops take the weight object their format's loader built: ``kernels.W4A8Weight`` /
 ``W8A8Weight`` / ``WeightOnlyWeight`` with the kernel backend, the ``reference_kernels`` weights with
@@ -28,8 +29,9 @@ from shrike.layers.rotary import apply_rotary
 from shrike.registry import Registry
 
 # The op names, in the order a decoder step runs them.
-OP_NAMES = ("embedding", "rmsnorm", "add_rmsnorm", "w4a8_linear", "w8a8_linear", "weight_only_linear", "dense_linear",
-            "rope_write_kv", "paged_attention", "silu_mul")
+OP_NAMES = ("embedding", "rmsnorm", "add_rmsnorm", "head_rmsnorm", "w4a8_linear", "w8a8_linear", "weight_only_linear",
+            "dense_linear", "rope_write_kv", "paged_attention", "silu_mul", "gelu_tanh_mul", "mul_scalar", "div_scalar",
+            "softcap")
 
 
 # References ---------------------------------------------------------------------------------
@@ -53,6 +55,18 @@ def add_rmsnorm_reference(x: torch.Tensor, residual: torch.Tensor, weight: torch
     """residual += x; out = rmsnorm(residual) * weight."""
     residual += x
     rmsnorm_reference(residual, weight, out, eps)
+
+
+def head_rmsnorm_reference(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, out: torch.Tensor,
+                           num_heads: int, num_kv_heads: int, eps: float) -> None:
+    """out = qkv (T, (H + 2*Hkv) * D) with each q head and each k head RMS-normalised (Qwen3, Gemma 3); v copied."""
+    tokens, head_dim = qkv.shape[0], q_weight.shape[0]
+    q, k, v = qkv.split([num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], dim=-1)
+    q_out, k_out = torch.empty(tokens, num_heads, head_dim, dtype=qkv.dtype), torch.empty(tokens, num_kv_heads, head_dim,
+                                                                                        dtype=qkv.dtype)
+    rmsnorm_reference(q.reshape(tokens, num_heads, head_dim), q_weight, q_out, eps)
+    rmsnorm_reference(k.reshape(tokens, num_kv_heads, head_dim), k_weight, k_out, eps)
+    out.copy_(torch.cat((q_out.reshape(tokens, -1), k_out.reshape(tokens, -1), v), dim=-1))
 
 
 def rope_write_kv_reference(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slot_mapping: torch.Tensor,
@@ -93,6 +107,24 @@ def paged_attention_reference(q: torch.Tensor, key_cache: torch.Tensor, value_ca
 def silu_mul_reference(gate_up: torch.Tensor, out: torch.Tensor) -> None:
     gate, up = gate_up.chunk(2, dim=-1)
     out.copy_(F.silu(gate) * up)
+
+
+def gelu_tanh_mul_reference(gate_up: torch.Tensor, out: torch.Tensor) -> None:
+    gate, up = gate_up.chunk(2, dim=-1)
+    out.copy_(F.gelu(gate, approximate="tanh") * up)
+
+
+def mul_scalar_reference(x: torch.Tensor, factor: float) -> None:
+    x.mul_(factor)
+
+
+def div_scalar_reference(x: torch.Tensor, divisor: float) -> None:
+    x.div_(divisor)
+
+
+def softcap_reference(x: torch.Tensor, cap: float) -> None:
+    """x = tanh(x / cap) * cap (float32 logits; Gemma's final soft-capping)."""
+    x.copy_(torch.tanh(x / cap) * cap)
 
 
 def _reference_weight(weight):
@@ -226,6 +258,7 @@ def register_builtin_ops(registry: Registry) -> None:
         "embedding": _C.embedding,
         "rmsnorm": _C.rmsnorm,
         "add_rmsnorm": _C.add_rmsnorm,
+        "head_rmsnorm": _C.head_rmsnorm,
         "w4a8_linear": w4a8_linear_kernel,
         "w8a8_linear": w8a8_linear_kernel,
         "weight_only_linear": weight_only_linear_kernel,
@@ -233,11 +266,16 @@ def register_builtin_ops(registry: Registry) -> None:
         "rope_write_kv": _C.rope_write_kv,
         "paged_attention": _C.paged_attention,
         "silu_mul": _C.silu_mul,
+        "gelu_tanh_mul": _C.gelu_tanh_mul,
+        "mul_scalar": _C.mul_scalar,
+        "div_scalar": _C.div_scalar,
+        "softcap": _C.softcap,
     }
     references = {
         "embedding": embedding_reference,
         "rmsnorm": rmsnorm_reference,
         "add_rmsnorm": add_rmsnorm_reference,
+        "head_rmsnorm": head_rmsnorm_reference,
         "w4a8_linear": w4a8_linear_reference,
         "w8a8_linear": w8a8_linear_reference,
         "weight_only_linear": weight_only_linear_reference,
@@ -245,6 +283,10 @@ def register_builtin_ops(registry: Registry) -> None:
         "rope_write_kv": rope_write_kv_reference,
         "paged_attention": paged_attention_reference,
         "silu_mul": silu_mul_reference,
+        "gelu_tanh_mul": gelu_tanh_mul_reference,
+        "mul_scalar": mul_scalar_reference,
+        "div_scalar": div_scalar_reference,
+        "softcap": softcap_reference,
     }
     for name in OP_NAMES:
         if name in kernels:

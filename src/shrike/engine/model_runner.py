@@ -3,9 +3,10 @@
 The runner reads sequences and never changes them: it returns what it computed (a
 `SequenceOutput` per scheduled sequence) and the scheduler applies it (`Scheduler.postprocess`).
 
-With the compiled forward (shrike.model.compiled) the step inputs live in persistent buffers the
-plan points into: each running sequence owns a row of the block-table buffer, written only when
-the sequence gains blocks. Other models run the eager Python forward with a BatchContext.
+The model's forward is recorded once into an op tape that the C++ executor replays each step
+(shrike.executor); its step inputs live in persistent buffers the executor points into: each running
+sequence owns a row of the block-table buffer, written only when the sequence gains blocks. With the
+compiled forward turned off, or every op on its PyTorch reference, the forward runs eagerly.
 """
 from __future__ import annotations
 
@@ -13,12 +14,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from shrike.engine.batch import BatchContext
 from shrike.engine.scheduler import ScheduledSequence
 from shrike.engine.sequence import Sequence, SequenceStatus
+from shrike.executor.compile import CompiledTape, StepBuffers
+from shrike.executor.step import EagerStep
+from shrike.executor.tape import record
 from shrike.layers.attention import KVCache
-from shrike.model.compiled import CompiledForward, StepBuffers, plan_blocker
-from shrike.model.llama import CausalLM
 from shrike.sampling.sampler import TokenLogprobs, sample, top_logprobs
 from shrike.sampling.verify import verify
 
@@ -42,7 +43,7 @@ class _TableRow:
 
 
 class ModelRunner:
-    def __init__(self, model: CausalLM, num_blocks: int, block_size: int, kv_dtype: torch.dtype,
+    def __init__(self, model, num_blocks: int, block_size: int, kv_dtype: torch.dtype,
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 512, max_model_len: int | None = None,
                  compile: bool = True):
         c = model.config
@@ -50,18 +51,23 @@ class ModelRunner:
         self.block_size = block_size
         self.kv_caches = [KVCache(num_blocks, block_size, c.num_kv_heads, c.head_dim, kv_dtype) for _ in range(c.num_layers)]
         self.long_rope_threshold = model.rotary.long_threshold
-        self.plan_blocker = plan_blocker(model, self.kv_caches) if compile else "compiled forward turned off"
-        self.compiled: CompiledForward | None = None
-        if self.plan_blocker is None:
+        self.compiled: CompiledTape | None = None
+        self.eager_reason = None if compile else "compiled forward turned off"
+        if compile:
+            tape = record(model, self.kv_caches, block_size)
+            if not any(model.ops.is_builtin(e.op) for e in tape.entries if e.op != "gather_rows"):
+                self.eager_reason = "every op runs its PyTorch reference (--kernel-backend reference or plugins)"
+        if self.eager_reason is None:
             max_blocks = -(-(max_model_len or c.max_position_embeddings) // block_size)
-            self.buffers = StepBuffers.allocate(max_num_batched_tokens, max_num_seqs, max_blocks, c.vocab_size)
+            self.buffers = StepBuffers.allocate(max_num_batched_tokens, max_num_seqs, max_blocks)
             self._token_ids = self.buffers.token_ids.numpy()
             self._seqs = self.buffers.seqs.numpy()
             self._tables = self.buffers.block_tables.numpy()
             self._logits_rows = self.buffers.logits_rows.numpy()
             self._rows: dict[int, _TableRow] = {}  # seq_id -> its block-table row
             self._free_rows = list(range(max_num_seqs - 1, -1, -1))
-            self.compiled = CompiledForward(model, self.kv_caches, block_size, self.buffers)
+            self.compiled = CompiledTape(tape, model.ops, self.buffers, block_size, self.kv_caches[0].key.shape[0],
+                                         c.vocab_size)
 
     @torch.inference_mode()
     def step(self, batch: list[ScheduledSequence]) -> list[SequenceOutput]:
@@ -181,14 +187,21 @@ class ModelRunner:
             slots += self._slots(seq.block_table, start, n)
             if self.long_rope_threshold is not None:
                 use_long += [start + n > self.long_rope_threshold] * n
-        ctx = BatchContext(
+        query_lens = [item.num_tokens for item in batch]
+        width = max((len(item.seq.block_table) for item in batch), default=0) or 1
+        tables = torch.tensor([item.seq.block_table + [0] * (width - len(item.seq.block_table)) for item in batch],
+                              dtype=torch.int32).reshape(-1, width)  # (B, width)
+        query_start = torch.zeros(len(batch) + 1, dtype=torch.int32)
+        query_start[1:] = torch.tensor(query_lens, dtype=torch.int32).cumsum(0)
+        context_lens = torch.tensor([item.seq.num_computed_tokens + item.num_tokens for item in batch], dtype=torch.int32)
+        step = EagerStep(
+            ops=self.model.ops,
+            token_ids=torch.tensor(input_ids, dtype=torch.int64),
             positions=torch.tensor(positions, dtype=torch.int64),
             slot_mapping=torch.tensor(slots, dtype=torch.int64),
-            query_lens=[item.num_tokens for item in batch],
-            context_lens=[item.seq.num_computed_tokens + item.num_tokens for item in batch],
-            block_tables=[item.seq.block_table for item in batch],
+            attention=(tables, query_start, context_lens),
             block_size=self.block_size,
+            logits_rows=torch.tensor(logits_rows, dtype=torch.int64),
             use_long_rope=torch.tensor(use_long) if use_long else None,
         )
-        return self.model.forward(torch.tensor(input_ids, dtype=torch.int64), ctx, self.kv_caches,
-                                  torch.tensor(logits_rows, dtype=torch.int64))
+        return self.model.forward(step, self.kv_caches)

@@ -29,12 +29,13 @@ def weight_for_op(weight: torch.Tensor, op: DenseOp) -> torch.Tensor | DenseTile
 
 
 class DenseLinear:
+    op_name = "dense_linear"
+
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, op: DenseOp = _C.dense_linear):
+        """op: the dense_linear the op table resolved, which decides the weight's form (weight_for_op)."""
         self.out_features, self.in_features = weight.shape
         self.weight = weight_for_op(weight.contiguous(), op)  # (out_features, in_features), or its tiles
-        self.bias = bias  # (out_features,) as loaded, or None
-        self._bias_f32 = None if bias is None else bias.float().contiguous()  # what the op takes
-        self.op = op
+        self.bias = None if bias is None else bias.float().contiguous()  # (out_features,) float32, what the op takes
 
     @classmethod
     def load(cls, tensors: CheckpointTensors, prefixes: list[str], in_features: int, out_features: list[int],
@@ -44,10 +45,13 @@ class DenseLinear:
         weight = parts[0] if len(parts) == 1 else torch.cat(parts)
         return cls(weight, None if biases is None else torch.cat(biases), op)
 
-    def __call__(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-        """x (..., in_features) -> (..., out_features) in out_dtype (default: x's dtype)."""
-        n, k = self.out_features, self.in_features
-        rows = x.reshape(-1, k).contiguous()  # (M, K)
-        out = torch.empty(rows.shape[0], n, dtype=out_dtype or x.dtype)
-        self.op(rows, self.weight, self._bias_f32, out)
-        return out.reshape(*x.shape[:-1], n)
+    def __call__(self, step, x, rows):
+        """x (rows, in_features) -> (rows, out_features) in x's dtype, through step.ops."""
+        return run_linear(step, self, x, rows)
+
+
+def run_linear(step, layer, x, rows):
+    """Any linear layer (op_name, weight, bias, out_features) on x (rows, K) -> (rows, N) in x's dtype."""
+    out = step.empty(rows, layer.out_features, dtype=x.dtype)
+    getattr(step.ops, layer.op_name)(x, layer.weight, layer.bias, out)
+    return out

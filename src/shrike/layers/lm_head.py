@@ -15,18 +15,21 @@ from shrike.quantization.safetensors_io import CheckpointFiles
 LM_HEAD_QUANT = ("none", "int8")
 
 
-class Int8LMHead:
-    def __init__(self, weight, kernel_backend: str):
-        self.weight = weight  # kernels.W8A8Weight, or its reference form with kernel_backend "reference"
-        self.kernel_backend = kernel_backend
+class LMHead:
+    """hidden (L, hidden), normed -> (L, vocab) fp32 logits on the linear op of its weight's format."""
 
-    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden (L, hidden) -> (L, vocab) fp32."""
-        if self.kernel_backend == "reference":
-            from shrike.quantization import reference_kernels
-            return reference_kernels.w8a8_linear(hidden, self.weight)
-        from shrike import kernels
-        return kernels.linear(hidden.contiguous(), self.weight, out_dtype=torch.float32)
+    def __init__(self, weight, vocab_size: int, op_name: str = "dense_linear"):
+        # (vocab, hidden) tensor or kernels.DenseTileWeight on dense_linear; with --lm-head-quant int8 a
+        # kernels.W8A8Weight (or its reference form) on w8a8_linear
+        self.weight = weight
+        self.out_features = vocab_size
+        self.op_name = op_name
+        self.bias = None
+
+    def __call__(self, step, hidden):
+        logits = step.empty(step.logits, self.out_features, dtype=torch.float32)
+        getattr(step.ops, self.op_name)(hidden, self.weight, None, logits)
+        return logits
 
 
 def quantize_rows_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -42,9 +45,10 @@ def quantize_rows_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     return values, scale
 
 
-def int8_lm_head(weight, model_dir, kernel_backend: str) -> Int8LMHead:
-    """The int8 form of `weight` (vocab, hidden) (or its kernels.DenseTileWeight), from the repack cache or
-    quantized and stored there (tiles are unpacked only then)."""
+def int8_lm_head(head: LMHead, model_dir, kernel_backend: str) -> LMHead:
+    """The int8 form of `head` (its weight (vocab, hidden) or kernels.DenseTileWeight), from the repack cache
+    or quantized and stored there (tiles are unpacked only then)."""
+    weight = head.weight
     from shrike import kernels
     tiled = isinstance(weight, kernels.DenseTileWeight)
     n, k = (weight.n, weight.k) if tiled else weight.shape
@@ -68,7 +72,7 @@ def int8_lm_head(weight, model_dir, kernel_backend: str) -> Int8LMHead:
         else kernels.W8A8Weight.from_tensors(cached)
     if _shape(restored) != (n, k):
         raise ConfigError(f"the repack cache entry {cache.entry} holds an lm_head of another shape; delete it")
-    return Int8LMHead(restored, kernel_backend)
+    return LMHead(restored, head.out_features, "w8a8_linear")
 
 
 def _shape(weight) -> tuple[int, int]:

@@ -1,11 +1,10 @@
-"""Gemma 3 text models (Gemma3ForCausalLM), on the eager path through the op table.
+"""Gemma 3 text models (Gemma3ForCausalLM).
 
 Against the Llama decoder: RMSNorm scales by (1 + weight); four norms per layer (the attention
 and MLP outputs are normed before they join the residual); q/k RMSNorm; GeGLU (tanh GELU);
 sliding-window layers interleaved with global ones, each kind with its own RoPE base; the
 attention scale from query_pre_attn_scalar; embeddings times sqrt(hidden); optional final
-logit soft-capping. The compiled plan (csrc/plan) does not implement these, so the model runner
-runs this class eagerly (shrike.model.compiled.plan_blocker).
+logit soft-capping. Like every model, it runs on the op executor (shrike.executor).
 """
 from __future__ import annotations
 
@@ -14,12 +13,11 @@ import math
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 
-from shrike.engine.batch import BatchContext
 from shrike.errors import ConfigError
 from shrike.layers.attention import KVCache
 from shrike.layers.linear import weight_for_op
+from shrike.layers.lm_head import LMHead
 from shrike.layers.norm import RMSNorm
 from shrike.layers.rotary import RotaryEmbedding
 from shrike.model.config import ModelConfig
@@ -27,22 +25,22 @@ from shrike.model.llama import LinearFactory, dense_linear_factory
 from shrike.model.weights import CheckpointTensors
 
 
-def gemma_norm(tensors: CheckpointTensors, name: str, dim: int, eps: float, dtype: torch.dtype, ops) -> RMSNorm:
+def gemma_norm(tensors: CheckpointTensors, name: str, dim: int, eps: float, dtype: torch.dtype) -> RMSNorm:
     """Gemma's RMSNorm multiplies by (1 + weight): the offset is added once here, in float32."""
-    return RMSNorm((tensors.get(name, (dim,), torch.float32) + 1.0).to(dtype), eps, ops)
+    return RMSNorm((tensors.get(name, (dim,), torch.float32) + 1.0).to(dtype), eps)
 
 
 class Gemma3DecoderLayer:
     def __init__(self, config: ModelConfig, tensors: CheckpointTensors, index: int, dtype: torch.dtype,
-                 make_linear: LinearFactory, ops):
+                 make_linear: LinearFactory):
         c = config
         p, attn, mlp = f"model.layers.{index}", f"model.layers.{index}.self_attn", f"model.layers.{index}.mlp"
 
         def norm(name: str, dim: int = c.hidden_size) -> RMSNorm:
-            return gemma_norm(tensors, name, dim, c.rms_norm_eps, dtype, ops)
+            return gemma_norm(tensors, name, dim, c.rms_norm_eps, dtype)
 
         q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-        self.config, self.ops, self.q_size, self.kv_size = c, ops, q_size, kv_size
+        self.config, self.q_size, self.kv_size = c, q_size, kv_size
         self.input_norm = norm(f"{p}.input_layernorm.weight")
         self.post_attention_norm = norm(f"{p}.post_attention_layernorm.weight")
         self.pre_feedforward_norm = norm(f"{p}.pre_feedforward_layernorm.weight")
@@ -57,27 +55,26 @@ class Gemma3DecoderLayer:
         self.down_proj = make_linear(tensors, [f"{mlp}.down_proj"], c.intermediate_size, [c.hidden_size], False)
         self.sliding_window = c.sliding_window if c.layer_types[index] == "sliding_attention" else 0
 
-    def __call__(self, residual: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache,
-                 ctx: BatchContext) -> None:
-        """residual: (T, hidden), updated in place by the attention and the MLP branch."""
-        c, ops = self.config, self.ops
-        tokens = residual.shape[0]
-        qkv = self.qkv_proj(self.input_norm(residual))  # (T, q_size + 2 * kv_size)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = self.q_norm(q.reshape(tokens, c.num_heads, c.head_dim))
-        k = self.k_norm(k.reshape(tokens, c.num_kv_heads, c.head_dim))
-        qkv = torch.cat((q.reshape(tokens, -1), k.reshape(tokens, -1), v), dim=-1)
-        q = torch.empty(tokens, c.num_heads, c.head_dim, dtype=qkv.dtype)
-        ops.rope_write_kv(qkv, cos, sin, ctx.slot_mapping, q, cache.key, cache.value)
-        out = torch.empty_like(q)
-        block_tables, query_start, context_lens = ctx.kernel_args
+    def __call__(self, step, delta, residual, cos, sin, cache: KVCache):
+        """residual: (T, hidden) stream, updated in place; delta: the previous layer's normed MLP output to
+        add to it first (None for the first layer). Returns this layer's normed MLP output, not yet added."""
+        c, ops, T = self.config, step.ops, step.tokens
+        x = self.input_norm(step, residual, T) if delta is None else self.input_norm.add_and_norm(step, delta, residual, T)
+        qkv = self.qkv_proj(step, x, T)  # (T, q_size + 2 * kv_size)
+        normed = step.empty(T, self.q_size + 2 * self.kv_size, dtype=qkv.dtype)
+        ops.head_rmsnorm(qkv, self.q_norm.weight, self.k_norm.weight, normed, c.num_heads, c.num_kv_heads,
+                         c.rms_norm_eps)
+        q = step.empty(T, c.num_heads, c.head_dim, dtype=qkv.dtype)
+        ops.rope_write_kv(normed, cos, sin, step.slot_mapping, q, cache.key, cache.value)
+        out = step.empty(T, c.num_heads, c.head_dim, dtype=qkv.dtype)
         # The window goes only to sliding layers, so an op without the parameter still runs global ones.
         window = {"sliding_window": self.sliding_window} if self.sliding_window else {}
-        ops.paged_attention(q, cache.key, cache.value, block_tables, query_start, context_lens, ctx.block_size,
-                            c.query_scale, out, **window)
-        residual += self.post_attention_norm(self.o_proj(out.reshape(tokens, self.q_size)))
-        gate, up = self.gate_up_proj(self.pre_feedforward_norm(residual)).chunk(2, dim=-1)  # (T, intermediate) each
-        residual += self.post_feedforward_norm(self.down_proj(F.gelu(gate, approximate="tanh") * up))
+        ops.paged_attention(q, cache.key, cache.value, *step.attention, step.block_size, c.query_scale, out, **window)
+        attn = self.post_attention_norm(step, self.o_proj(step, out.view(T, self.q_size), T), T)
+        gate_up = self.gate_up_proj(step, self.pre_feedforward_norm.add_and_norm(step, attn, residual, T), T)
+        act = step.empty(T, c.intermediate_size, dtype=gate_up.dtype)
+        ops.gelu_tanh_mul(gate_up, act)
+        return self.post_feedforward_norm(step, self.down_proj(step, act, T), T)
 
 
 class Gemma3ForCausalLM:
@@ -97,43 +94,35 @@ class Gemma3ForCausalLM:
         self.embed_scale = float(torch.tensor(math.sqrt(c.hidden_size), dtype=dtype))
         self.layers = []
         for i in range(c.num_layers):
-            self.layers.append(Gemma3DecoderLayer(c, tensors, i, dtype, make_linear, ops))
+            self.layers.append(Gemma3DecoderLayer(c, tensors, i, dtype, make_linear))
             if progress:
                 progress(i + 1)
-        self.norm = gemma_norm(tensors, "model.norm.weight", c.hidden_size, c.rms_norm_eps, dtype, ops)
+        self.norm = gemma_norm(tensors, "model.norm.weight", c.hidden_size, c.rms_norm_eps, dtype)
         if c.tie_word_embeddings or "lm_head.weight" not in tensors:
             lm_head = self.embed_tokens  # (vocab, hidden)
         else:
             lm_head = tensors.get("lm_head.weight", (c.vocab_size, c.hidden_size), dtype)
-        self.lm_head = weight_for_op(lm_head, ops.dense_linear)  # as in llama.CausalLM
-        self.lm_head_int8 = None  # set by the loader with --lm-head-quant int8
+        self.lm_head = LMHead(weight_for_op(lm_head, ops.dense_linear), c.vocab_size)  # as in llama.CausalLM
         positions = max_positions or c.max_position_embeddings
         self.rotary = RotaryEmbedding(c, positions)  # global layers; the runner reads its long_threshold
         local = dataclasses.replace(c, rope_theta=c.rope_local_theta, rope_scaling=None)
         self.local_rotary = RotaryEmbedding(local, positions)
 
-    def forward(self, input_ids: torch.Tensor, ctx: BatchContext, kv_caches: list[KVCache],
-                logits_indices: torch.Tensor) -> torch.Tensor:
-        """input_ids: (T,) int64; logits_indices: (L,) rows of T that need logits -> (L, vocab) fp32."""
-        c = self.config
-        residual = torch.empty(input_ids.shape[0], c.hidden_size, dtype=self.dtype)  # (T, hidden)
-        self.ops.embedding(input_ids, self.embed_tokens, residual, self.embed_scale)
-        global_cos_sin = self.rotary.cos_sin_for(ctx.positions, None)
-        local_cos_sin = self.local_rotary.cos_sin_for(ctx.positions, None)
+    def forward(self, step, kv_caches: list[KVCache]):
+        """One step (shrike.executor.step) -> (step.logits, vocab) fp32 logits, soft-capped when the config asks."""
+        c, T = self.config, step.tokens
+        residual = step.empty(T, c.hidden_size, dtype=self.dtype)  # (T, hidden)
+        step.ops.embedding(step.token_ids, self.embed_tokens, residual, self.embed_scale)
+        global_cos_sin, local_cos_sin = step.rope(self.rotary), step.rope(self.local_rotary)
+        delta = None
         for layer, cache in zip(self.layers, kv_caches):
             cos, sin = local_cos_sin if layer.sliding_window else global_cos_sin
-            layer(residual, cos, sin, cache, ctx)
-        return self.compute_logits(self.norm(residual[logits_indices]))
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden: (L, hidden), normed -> (L, vocab) fp32, soft-capped when the config asks."""
-        if self.lm_head_int8 is not None:
-            logits = self.lm_head_int8(hidden)
-        else:
-            logits = torch.empty(hidden.shape[0], self.config.vocab_size, dtype=torch.float32)
-            self.ops.dense_linear(hidden.contiguous(), self.lm_head, None, logits)
-        cap = self.config.final_logit_softcapping
-        return torch.tanh(logits / cap) * cap if cap else logits
+            delta = layer(step, delta, residual, cos, sin, cache)
+        hidden = self.norm.add_and_norm(step, step.take_logits_rows(delta), step.take_logits_rows(residual), step.logits)
+        logits = self.lm_head(step, hidden)
+        if c.final_logit_softcapping:
+            step.ops.softcap(logits, c.final_logit_softcapping)
+        return logits
 
 
 def register_architectures(registry) -> None:

@@ -9,10 +9,10 @@ from collections.abc import Callable
 
 import torch
 
-from shrike.engine.batch import BatchContext
 from shrike.errors import ConfigError
 from shrike.layers.attention import KVCache
 from shrike.layers.linear import DenseLinear, weight_for_op
+from shrike.layers.lm_head import LMHead
 from shrike.layers.norm import RMSNorm
 from shrike.layers.rotary import RotaryEmbedding
 from shrike.model.config import ModelConfig
@@ -33,11 +33,11 @@ def dense_linear_factory(dtype: torch.dtype, ops) -> LinearFactory:
 
 class DecoderLayer:
     def __init__(self, config: ModelConfig, tensors: CheckpointTensors, index: int, dtype: torch.dtype,
-                 make_linear: LinearFactory, ops):
+                 make_linear: LinearFactory):
         c = config
 
         def norm(name: str, dim: int) -> RMSNorm:
-            return RMSNorm(tensors.get(name, (dim,), dtype), c.rms_norm_eps, ops)
+            return RMSNorm(tensors.get(name, (dim,), dtype), c.rms_norm_eps)
 
         p = f"model.layers.{index}"
         q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
@@ -57,41 +57,32 @@ class DecoderLayer:
         self.down_proj = make_linear(tensors, [f"{mlp}.down_proj"], c.intermediate_size, [c.hidden_size], c.mlp_bias)
         self.q_size, self.kv_size = q_size, kv_size
         self.scale = c.head_dim ** -0.5
-        self.ops = ops
 
-    def __call__(self, delta: torch.Tensor, residual: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                 cache: KVCache, ctx: BatchContext) -> torch.Tensor:
+    def __call__(self, step, delta, residual, cos, sin, cache: KVCache):
         """residual: (T, hidden) stream, updated in place; delta: the previous layer's output to add
         to it first (None for the first layer). Returns this layer's output, not yet added."""
-        c, ops = self.config, self.ops
-        tokens = residual.shape[0]
-        x = self.input_norm(residual) if delta is None else self.input_norm.add_and_norm(delta, residual)
-        qkv = self.qkv_proj(x)  # (T, q_size + 2 * kv_size)
-        if c.qk_norm:
-            qkv = self._norm_qk(qkv)
-        q = torch.empty(tokens, c.num_heads, c.head_dim, dtype=qkv.dtype)
-        ops.rope_write_kv(qkv, cos, sin, ctx.slot_mapping, q, cache.key, cache.value)
-        out = torch.empty_like(q)
-        block_tables, query_start, context_lens = ctx.kernel_args
-        ops.paged_attention(q, cache.key, cache.value, block_tables, query_start, context_lens, ctx.block_size,
-                            self.scale, out)
-        attn = self.o_proj(out.reshape(tokens, self.q_size))
+        c, ops, T = self.config, step.ops, step.tokens
+        x = self.input_norm(step, residual, T) if delta is None else self.input_norm.add_and_norm(step, delta, residual, T)
+        qkv = self.qkv_proj(step, x, T)  # (T, q_size + 2 * kv_size)
+        if c.qk_norm:  # Qwen3: q and k RMS-normalised per head before RoPE; v passes unchanged
+            normed = step.empty(T, self.q_size + 2 * self.kv_size, dtype=qkv.dtype)
+            ops.head_rmsnorm(qkv, self.q_norm.weight, self.k_norm.weight, normed, c.num_heads, c.num_kv_heads,
+                             c.rms_norm_eps)
+            qkv = normed
+        q = step.empty(T, c.num_heads, c.head_dim, dtype=qkv.dtype)
+        ops.rope_write_kv(qkv, cos, sin, step.slot_mapping, q, cache.key, cache.value)
+        out = step.empty(T, c.num_heads, c.head_dim, dtype=qkv.dtype)
+        ops.paged_attention(q, cache.key, cache.value, *step.attention, step.block_size, self.scale, out)
+        attn = self.o_proj(step, out.view(T, self.q_size), T)
         if c.residual_scale != 1.0:
-            attn = attn * c.residual_scale
-        gate_up = self.gate_up_proj(self.post_attention_norm.add_and_norm(attn, residual))  # (T, 2 * intermediate)
-        act = torch.empty(tokens, c.intermediate_size, dtype=gate_up.dtype)
+            ops.mul_scalar(attn, c.residual_scale)
+        gate_up = self.gate_up_proj(step, self.post_attention_norm.add_and_norm(step, attn, residual, T), T)
+        act = step.empty(T, c.intermediate_size, dtype=gate_up.dtype)
         ops.silu_mul(gate_up, act)
-        out = self.down_proj(act)
-        return out * c.residual_scale if c.residual_scale != 1.0 else out
-
-    def _norm_qk(self, qkv: torch.Tensor) -> torch.Tensor:
-        """Qwen3: q and k are RMS-normalised per head before RoPE; v passes unchanged."""
-        c = self.config
-        tokens = qkv.shape[0]
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = self.q_norm(q.reshape(tokens, c.num_heads, c.head_dim))
-        k = self.k_norm(k.reshape(tokens, c.num_kv_heads, c.head_dim))
-        return torch.cat((q.reshape(tokens, -1), k.reshape(tokens, -1), v), dim=-1)
+        out = self.down_proj(step, act, T)
+        if c.residual_scale != 1.0:
+            ops.mul_scalar(out, c.residual_scale)
+        return out
 
 
 class CausalLM:
@@ -108,10 +99,10 @@ class CausalLM:
         self.embed_tokens = tensors.get("model.embed_tokens.weight", (c.vocab_size, c.hidden_size), dtype)
         self.layers = []
         for i in range(c.num_layers):
-            self.layers.append(DecoderLayer(c, tensors, i, dtype, make_linear, ops))
+            self.layers.append(DecoderLayer(c, tensors, i, dtype, make_linear))
             if progress:
                 progress(i + 1)
-        self.norm = RMSNorm(tensors.get("model.norm.weight", (c.hidden_size,), dtype), c.rms_norm_eps, ops)
+        self.norm = RMSNorm(tensors.get("model.norm.weight", (c.hidden_size,), dtype), c.rms_norm_eps)
         if c.tie_word_embeddings:
             lm_head = self.embed_tokens  # (vocab, hidden)
         elif "lm_head.weight" in tensors:
@@ -120,32 +111,22 @@ class CausalLM:
             raise ConfigError("checkpoint has no lm_head.weight and config.json says tie_word_embeddings is false")
         # (vocab, hidden) on the dense_linear op, or its AMX tiles: then a tied head is a second copy of the
         # embedding (which the embedding op reads by rows), vocab * hidden * 2 bytes more.
-        self.lm_head = weight_for_op(lm_head, ops.dense_linear)
-        self.lm_head_int8 = None  # an Int8LMHead set by the loader with --lm-head-quant int8, used instead
+        self.lm_head = LMHead(weight_for_op(lm_head, ops.dense_linear), c.vocab_size)
         self.rotary = RotaryEmbedding(c, max_positions or c.max_position_embeddings)
 
-    def forward(self, input_ids: torch.Tensor, ctx: BatchContext, kv_caches: list[KVCache],
-                logits_indices: torch.Tensor) -> torch.Tensor:
-        """input_ids: (T,) int64; logits_indices: (L,) rows of T that need logits -> (L, vocab) fp32."""
-        c = self.config
-        residual = torch.empty(input_ids.shape[0], c.hidden_size, dtype=self.dtype)  # (T, hidden)
-        self.ops.embedding(input_ids, self.embed_tokens, residual, c.scale_emb)
-        cos, sin = self.rotary.cos_sin_for(ctx.positions, ctx.use_long_rope)
+    def forward(self, step, kv_caches: list[KVCache]):
+        """One step (shrike.executor.step) -> (step.logits, vocab) fp32 logits of the rows that need them."""
+        c, T = self.config, step.tokens
+        residual = step.empty(T, c.hidden_size, dtype=self.dtype)  # (T, hidden)
+        step.ops.embedding(step.token_ids, self.embed_tokens, residual, c.scale_emb)
+        cos, sin = step.rope(self.rotary)
         delta = None
         for layer, cache in zip(self.layers, kv_caches):
-            delta = layer(delta, residual, cos, sin, cache, ctx)
-        hidden = self.norm.add_and_norm(delta[logits_indices], residual[logits_indices])
+            delta = layer(step, delta, residual, cos, sin, cache)
+        hidden = self.norm.add_and_norm(step, step.take_logits_rows(delta), step.take_logits_rows(residual), step.logits)
         if c.logit_divisor != 1.0:
-            hidden = hidden / c.logit_divisor
-        return self.compute_logits(hidden)
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden: (L, hidden), normed -> (L, vocab) fp32."""
-        if self.lm_head_int8 is not None:
-            return self.lm_head_int8(hidden)
-        logits = torch.empty(hidden.shape[0], self.config.vocab_size, dtype=torch.float32)
-        self.ops.dense_linear(hidden.contiguous(), self.lm_head, None, logits)
-        return logits
+            step.ops.div_scalar(hidden, c.logit_divisor)
+        return self.lm_head(step, hidden)
 
 
 def register_architectures(registry) -> None:

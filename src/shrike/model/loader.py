@@ -10,7 +10,7 @@ from tqdm import tqdm
 from shrike.default_model import resolve_model
 from shrike.errors import ConfigError
 from shrike.layers.kv_dtypes import kv_cache_bytes
-from shrike.layers.lm_head import LM_HEAD_QUANT, int8_lm_head
+from shrike.layers.lm_head import LM_HEAD_QUANT, LMHead, int8_lm_head
 from shrike.model.config import ModelConfig
 from shrike.model.llama import CausalLM
 from shrike.model.weights import CheckpointTensors
@@ -92,9 +92,8 @@ def load_model(model: str | None, dtype: str = "auto", max_model_len: int | None
                        progress=lambda done: bar.update(done - bar.n), ops=ops)
     bar.close()
     if lm_head_quant == "int8":
-        if not hasattr(net, "lm_head_int8"):
+        if not isinstance(getattr(net, "lm_head", None), LMHead):
             raise ConfigError(f"--lm-head-quant int8 is not supported by the {config.architecture} architecture")
-        net.lm_head_int8 = int8_lm_head(net.lm_head, model_dir, kernel_backend)
-        net.lm_head = None  # replaced: neither the bf16 head nor its AMX tiles are kept
+        net.lm_head = int8_lm_head(net.lm_head, model_dir, kernel_backend)  # the bf16 head and its tiles are freed
     weight_bytes = sum(p.stat().st_size for p in model_dir.glob("*.safetensors"))
     return LoadedModel(model_dir, config, tokenizer, net, torch_dtype, max_model_len, weight_bytes, available_before)

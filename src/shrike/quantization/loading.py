@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from shrike.errors import ConfigError
-from shrike.layers.linear import DenseLinear
+from shrike.layers.linear import DenseLinear, run_linear
 from shrike.model.config import ModelConfig
 from shrike.model.weights import CheckpointTensors
 from shrike.quantization.backends import format_of, select_backend
@@ -33,19 +33,16 @@ _TRIM_EVERY_BYTES = 128 << 20
 
 
 class QuantizedLinear:
-    def __init__(self, weight, bias: torch.Tensor | None, kernel, format: str, out_features: int):
+    def __init__(self, weight, bias: torch.Tensor | None, format: str, out_features: int):
         self.weight = weight  # backend-specific packed weight, (N, K) logically
         self.bias = bias  # (N,) fp32 or None
-        self.kernel = kernel  # the op table's w4a8_linear, w8a8_linear or weight_only_linear
-        self.format = format  # "w4a8", "w8a8" or "weight_only"
+        self.format = format  # "w4a8", "w8a8" or "weight_only" (shrike.weight_formats)
+        self.op_name = f"{format}_linear"
         self.out_features = out_features
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """x (T, K) -> (T, N) in x's dtype."""
-        x = x.contiguous()
-        out = torch.empty(x.shape[0], self.out_features, dtype=x.dtype)
-        self.kernel(x, self.weight, self.bias, out)
-        return out
+    def __call__(self, step, x, rows):
+        """x (rows, K) -> (rows, N) in x's dtype, through step.ops."""
+        return run_linear(step, self, x, rows)
 
 
 class QuantizedLinearFactory:
@@ -86,7 +83,7 @@ class QuantizedLinearFactory:
             if bias else None
         weight = self._weight(prefixes, layers[0], in_features, out_features)
         format = format_of(weight)
-        return QuantizedLinear(weight, biases, getattr(self.ops, f"{format}_linear"), format, sum(out_features))
+        return QuantizedLinear(weight, biases, format, sum(out_features))
 
     def _weight(self, prefixes, layer, in_features, out_features):
         name = prefixes[0]
