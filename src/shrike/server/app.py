@@ -88,16 +88,16 @@ def build_app(ctx: ServerContext, log_stats: bool = True, startup_message: str |
         if (body.prompt is None) == (body.messages is None):
             raise APIError("give exactly one of prompt and messages", param="prompt")
         if body.messages is not None:
-            ids = ctx.encode_chat(body.messages, body.add_generation_prompt, None, body.chat_template_kwargs)
+            ids = await ctx.tokenize_chat(body.messages, body.add_generation_prompt, None, body.chat_template_kwargs)
         else:
-            ids = ctx.encode(body.prompt, body.add_special_tokens, "prompt")
+            ids = await ctx.tokenize(body.prompt, body.add_special_tokens, "prompt")
         return JSONResponse({"count": len(ids), "max_model_len": ctx.max_model_len, "tokens": ids})
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest) -> JSONResponse:
         ctx.check_model(body.model)
         ctx.check_token_ids(body.tokens, "tokens", ctx.tokenizer.vocab_size)
-        return JSONResponse({"prompt": ctx.tokenizer.decode(body.tokens)})
+        return JSONResponse({"prompt": await ctx.off_loop(ctx.tokenizer.decode, body.tokens)})
 
     engine = ctx.async_engine.engine
     info = tokenizer_info(engine.model_dir, ctx.tokenizer, ctx.max_model_len)

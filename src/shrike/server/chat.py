@@ -40,8 +40,8 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request, 
         raise bad_request(f"tool_choice {body.tool_choice!r} already constrains the output; leave out {grammar.param}",
                           grammar.param.split(".")[0])
     grammar = plan.grammar or grammar or plan.call_grammar  # the client's own constraint wins over auto's
-    prompt_ids = ctx.encode_chat(body.messages, body.add_generation_prompt, plan.template_tools,
-                                 body.chat_template_kwargs)
+    prompt_ids = await ctx.tokenize_chat(body.messages, body.add_generation_prompt, plan.template_tools,
+                                         body.chat_template_kwargs)
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     # Without max_tokens a chat answer may use the rest of the context, as in vLLM.
     params = build_sampling_params(body, ctx.defaults, max_tokens, None, (body.top_logprobs or 0) if body.logprobs

@@ -34,9 +34,9 @@ class _Prompt:
     ids: list[int]
 
 
-def _prompts(ctx: ServerContext, prompt: str | list[str] | list[int] | list[list[int]]) -> list[_Prompt]:
+async def _prompts(ctx: ServerContext, prompt: str | list[str] | list[int] | list[list[int]]) -> list[_Prompt]:
     if isinstance(prompt, str):
-        return [_Prompt(prompt, ctx.encode(prompt, True, "prompt"))]
+        return [_Prompt(prompt, await ctx.tokenize(prompt, True, "prompt"))]
     if not prompt:
         raise bad_request("prompt must not be an empty list", "prompt")
     if all(isinstance(p, int) for p in prompt):
@@ -44,7 +44,7 @@ def _prompts(ctx: ServerContext, prompt: str | list[str] | list[int] | list[list
     prompts = []
     for item in prompt:
         if isinstance(item, str):
-            prompts.append(_Prompt(item, ctx.encode(item, True, "prompt")))
+            prompts.append(_Prompt(item, await ctx.tokenize(item, True, "prompt")))
         else:
             # Before decoding it for echo: a megabyte of ids would otherwise hold up the event loop first.
             ctx.check_prompt_length(len(item), "prompt")
@@ -64,7 +64,7 @@ def _reject_unsupported(body: CompletionRequest) -> None:
 async def create_completion(body: CompletionRequest, request: Request, ctx: ServerContext) -> Response:
     ctx.check_model(body.model)
     _reject_unsupported(body)
-    prompts = _prompts(ctx, body.prompt)
+    prompts = await _prompts(ctx, body.prompt)
     # echo with max_tokens 0 scores the prompt: one token is computed (the prompt's logprobs come with it) and dropped.
     scoring = body.max_tokens == 0
     if scoring and not body.echo:

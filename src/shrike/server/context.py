@@ -1,9 +1,14 @@
 """What every endpoint needs: the engine loop, the tokenizer, the model's names and limits."""
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
+import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import jinja2
 
@@ -17,6 +22,14 @@ from shrike.server.sampling import SamplingDefaults
 from shrike.server.shutdown import DrainState
 from shrike.token_bytes import TokenBytes
 from shrike.tokenizer import Tokenizer
+
+logger = logging.getLogger(__name__)
+
+# Keyword arguments the server passes to the chat template itself; chat_template_kwargs may not repeat them.
+RESERVED_TEMPLATE_ARGUMENTS = ("messages", "tools", "add_generation_prompt")
+# Prompts are tokenized on these threads, never on the event loop: a megabyte of text takes seconds, and the
+# tokenizer releases the GIL while it works, so /health and running streams keep their pace meanwhile.
+TOKENIZE_THREADS = 2
 
 
 @dataclass
@@ -38,9 +51,17 @@ class ServerContext:
     created: int = field(default_factory=lambda: int(time.time()))
     drain: DrainState = field(default_factory=DrainState)  # set on SIGTERM/SIGINT
     token_bytes: TokenBytes = field(init=False)
+    # More characters than this cannot fit the context, as no token of the vocabulary spans more than
+    # longest_token_chars characters. Checked before any tokenizing, so it bounds the tokenizer's work.
+    max_prompt_chars: int = field(init=False)
+    longest_token_chars: int = field(init=False)
+    tokenize_pool: ThreadPoolExecutor = field(init=False)
 
     def __post_init__(self):
         self.token_bytes = TokenBytes(self.tokenizer)
+        self.longest_token_chars = max(1, max(len(text) for text in self.tokenizer.token_strings()))
+        self.max_prompt_chars = self.max_model_len * self.longest_token_chars
+        self.tokenize_pool = ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="shrike-tokenize")
 
     @property
     def model_name(self) -> str:
@@ -52,7 +73,29 @@ class ServerContext:
                            f"{', '.join(repr(n) for n in self.served_model_names)}", 404,
                            param="model", code="model_not_found")
 
+    async def tokenize(self, text: str, add_special_tokens: bool, param: str) -> list[int]:
+        """`encode` on a tokenizing thread."""
+        return await self.off_loop(self.encode, text, add_special_tokens, param)
+
+    async def tokenize_chat(self, messages: list[ChatMessage], add_generation_prompt: bool,
+                            tools: list[dict] | None, template_kwargs: dict | None) -> list[int]:
+        """`encode_chat` on a tokenizing thread."""
+        return await self.off_loop(self.encode_chat, messages, add_generation_prompt, tools, template_kwargs)
+
+    async def off_loop(self, function, *args):
+        """function(*args) on a tokenizing thread."""
+        return await asyncio.get_running_loop().run_in_executor(self.tokenize_pool, functools.partial(function, *args))
+
+    def check_prompt_chars(self, num_chars: int, param: str) -> None:
+        if num_chars > self.max_prompt_chars:
+            raise APIError(f"{param} has {num_chars} characters, more than the maximum context length of "
+                           f"{self.max_model_len} tokens can hold (no token of this model spans more than "
+                           f"{self.longest_token_chars} characters); shorten it", 400, param=param,
+                           code="prompt_too_long")
+
     def encode(self, text: str, add_special_tokens: bool, param: str) -> list[int]:
+        """Blocks for as long as the text takes to tokenize: from a coroutine, await `tokenize` instead."""
+        self.check_prompt_chars(len(text), param)
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as e:
@@ -62,15 +105,19 @@ class ServerContext:
 
     def encode_chat(self, messages: list[ChatMessage], add_generation_prompt: bool, tools: list[dict] | None,
                     template_kwargs: dict | None) -> list[int]:
+        """Blocks for as long as rendering and tokenizing take: from a coroutine, await `tokenize_chat` instead."""
+        reserved = [name for name in RESERVED_TEMPLATE_ARGUMENTS if name in (template_kwargs or {})]
+        if reserved:
+            raise bad_request(f"chat_template_kwargs may not set {reserved[0]!r}: the server passes "
+                              f"{', '.join(RESERVED_TEMPLATE_ARGUMENTS)} to the template itself from the request's "
+                              "own fields", "chat_template_kwargs")
+        self.check_prompt_chars(sum(_content_chars(m) for m in messages), "messages")
         conversation = [_template_message(m, i) for i, m in enumerate(messages)]
         try:
             prompt = self.tokenizer.apply_chat_template(conversation, add_generation_prompt=add_generation_prompt,
                                                         tools=tools, **(template_kwargs or {}))
-        except jinja2.TemplateError as e:
-            raise bad_request(f"the chat template refused these messages: {_one_line(e)}", "messages") from None
-        except (TypeError, ValueError, KeyError, AttributeError, IndexError) as e:
-            raise bad_request(f"the messages cannot be rendered with the chat template: {_one_line(e)}",
-                              "messages") from None
+        except Exception as e:  # noqa: BLE001 - whatever a template does with odd input is the client's 400
+            raise bad_request(_template_failure(e), "messages") from None
         # The template places any BOS itself.
         return self.encode(prompt, add_special_tokens=False, param="messages")
 
@@ -111,6 +158,35 @@ def _template_message(message: ChatMessage, index: int) -> dict:
                               f"messages.{index}.content")
         as_dict["content"] = "".join(part.text or "" for part in message.content)
     return as_dict
+
+
+def _content_chars(message: ChatMessage) -> int:
+    if isinstance(message.content, str):
+        return len(message.content)
+    return sum(len(part.text or "") for part in message.content or [])
+
+
+def _template_failure(error: Exception) -> str:
+    """The client's view of a failed rendering: only words written for people, never Python's own."""
+    if type(error) is jinja2.TemplateError:
+        # raise_exception() in the template: its author's message to the user
+        return f"the chat template refused these messages: {_one_line(error)}"
+    if isinstance(error, (ValueError, TypeError)) and _raised_by_shrike(error):
+        return f"the messages cannot be rendered with the chat template: {_one_line(error)}"
+    logger.info("the chat template failed on a request's messages: %s: %s", type(error).__name__, _one_line(error))
+    return ("the chat template cannot render these messages (a field or value it expects is missing or of "
+            "another type); check the roles, contents and chat_template_kwargs against this model's template")
+
+
+_SHRIKE_PACKAGE = Path(__file__).resolve().parents[1]
+
+
+def _raised_by_shrike(error: Exception) -> bool:
+    """Whether Shrike's own code raised it (so its message was written for people), not Python or a library."""
+    frame = error.__traceback__
+    while frame is not None and frame.tb_next is not None:
+        frame = frame.tb_next
+    return frame is not None and _SHRIKE_PACKAGE in Path(frame.tb_frame.f_code.co_filename).resolve().parents
 
 
 def _one_line(error: Exception) -> str:

@@ -15,6 +15,7 @@ from fastapi import FastAPI
 from shrike.sampling.params import MAX_LOGPROBS
 from shrike.server.errors import RETRY_AFTER_SECONDS
 from shrike.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from shrike.server.context import RESERVED_TEMPLATE_ARGUMENTS
 from shrike.server.middleware import MAX_BODY_BYTES
 from shrike.server.protocol import SEED_RANGE
 
@@ -149,15 +150,11 @@ def _bound_sampling_fields(schema: dict) -> None:
                     alternative.setdefault(key, value)
 
 
-# Keyword arguments the server itself passes to the chat template; chat_template_kwargs may not repeat them.
-_TEMPLATE_ARGUMENTS = ["messages", "tools", "add_generation_prompt"]
-
-
 def _refine_requests(schemas: dict, vocab_size: int, tokenizer_vocab_size: int, max_num_seqs: int,
                      max_model_len: int) -> None:
     """What the pydantic models cannot say: the values the server refuses with a 400, as JSON Schema."""
     token_id = {"type": "integer", "minimum": 0, "maximum": vocab_size - 1}
-    template_kwargs = {"type": "object", "propertyNames": {"not": {"enum": _TEMPLATE_ARGUMENTS}}}
+    template_kwargs = {"type": "object", "propertyNames": {"not": {"enum": list(RESERVED_TEMPLATE_ARGUMENTS)}}}
 
     def set_field(schema_name: str, field_name: str, *alternatives: dict, nullable: bool = True) -> None:
         properties = schemas[schema_name]["properties"]

@@ -5,9 +5,9 @@ refusal instead of being silently ignored.
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from shrike.sampling.params import MAX_LOGPROBS
 
@@ -18,7 +18,8 @@ SEED_RANGE = (-(2**63), 2**63 - 1 - 1024)
 class _Request(BaseModel):
     # Clients send fields this server has no use for (user, metadata, store, ...): they are ignored.
     # strict: a value of the wrong JSON type is refused, as the OpenAPI document says ("5" is no integer).
-    model_config = ConfigDict(extra="ignore", strict=True)
+    # Python's JSON reader turns 1e400 into inf and reads NaN: no number field takes either.
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
 
     @model_validator(mode="before")
     @classmethod
@@ -31,6 +32,8 @@ def _integral_floats_as_ints(value: Any) -> Any:
     if isinstance(value, float) and value.is_integer():
         return int(value)
     if isinstance(value, list):
+        if all(type(v) is int for v in value):
+            return value  # a megabyte of token ids: no copy
         return [_integral_floats_as_ints(v) for v in value]
     if isinstance(value, dict):
         return {k: _integral_floats_as_ints(v) for k, v in value.items()}
@@ -95,8 +98,26 @@ class SamplingRequest(_Request):
     guided_grammar: str | None = None
 
 
+def _prompt_form(value: Any) -> str | None:
+    """Which form a prompt takes, from its first item, so only that form is validated: trying each in turn
+    costs a failed validation per token id (seconds for a megabyte of ids, on the event loop)."""
+    if isinstance(value, str):
+        return "str"
+    if not isinstance(value, list):
+        return None
+    first = value[0] if value else 0
+    return "list[str]" if isinstance(first, str) else "list[list[int]]" if isinstance(first, list) else "list[int]"
+
+
+Prompt = Annotated[Annotated[str, Tag("str")] | Annotated[list[str], Tag("list[str]")]
+                   | Annotated[list[int], Tag("list[int]")] | Annotated[list[list[int]], Tag("list[list[int]]")],
+                   Discriminator(_prompt_form, custom_error_type="prompt_form",
+                                 custom_error_message="Input should be a string, a list of strings, a list of "
+                                                      "token ids or a list of lists of token ids")]
+
+
 class CompletionRequest(SamplingRequest):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: Prompt
     max_tokens: int | None = None
     echo: bool = False
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
