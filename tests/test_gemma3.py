@@ -11,9 +11,8 @@ import pytest
 import torch
 import transformers
 
-from shrike.engine.batch import BatchContext
+from shrike.executor.step import EagerStep
 from shrike.engine.llm_engine import EngineConfig, LLMEngine
-from shrike.model.compiled import plan_blocker
 from shrike.sampling.params import SamplingParams
 from shrike.tokenizer import Tokenizer
 
@@ -89,10 +88,10 @@ def test_sentencepiece_tokenizer_matches_llama_cpp(engine):
     assert [ours._tokenizer.id_to_token(i) for i in (481, 414, 366)] == ["<0xF3>", "<0xB0>", "<0x80>"]
 
 
-def test_runs_eagerly_with_sliding_window_layers(engine):
+def test_runs_on_the_executor_with_sliding_window_layers(engine):
     model = engine.runner.model
     assert type(model).__name__ == "Gemma3ForCausalLM"
-    assert plan_blocker(model, engine.runner.kv_caches).startswith("architecture Gemma3ForCausalLM")
+    assert engine.runner.compiled is not None and engine.runner.compiled.describe()["python_ops"] == []
     assert [layer.sliding_window for layer in model.layers] == ([WINDOW] * 5 + [0]) * 3
 
 
@@ -135,10 +134,9 @@ def test_greedy_continuations_equal_transformers(greedy_runs):
 def _last_logits(engine, prompt: list[int]) -> torch.Tensor:
     n, block = len(prompt), engine.config.block_size
     runner = engine.runner
-    ctx = BatchContext(positions=torch.arange(n), slot_mapping=torch.arange(n), query_lens=[n], context_lens=[n],
-                       block_tables=[list(range(-(-n // block)))], block_size=block)
     with torch.inference_mode():
-        return runner.model.forward(torch.tensor(prompt), ctx, runner.kv_caches, torch.tensor([n - 1]))[0]
+        return runner.model.forward(EagerStep.prefill(runner.model.ops, torch.tensor(prompt), block, torch.tensor([n - 1])),
+                                    runner.kv_caches)[0]
 
 
 def test_last_position_logits_match_transformers(engine, greedy_runs):

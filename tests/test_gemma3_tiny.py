@@ -7,7 +7,7 @@ import pytest
 import torch
 import transformers
 
-from shrike.engine.batch import BatchContext
+from shrike.executor.step import EagerStep
 from shrike.errors import ConfigError
 from shrike.layers.attention import KVCache
 from shrike.model.config import ModelConfig
@@ -48,10 +48,8 @@ def shrike_logits(directory, token_ids: torch.Tensor, block_size: int = 8, ops=N
     blocks = -(-n // block_size)
     caches = [KVCache(blocks, block_size, config.num_kv_heads, config.head_dim, torch.float32)
               for _ in range(config.num_layers)]
-    ctx = BatchContext(positions=torch.arange(n), slot_mapping=torch.arange(n), query_lens=[n], context_lens=[n],
-                       block_tables=[list(range(blocks))], block_size=block_size)
     with torch.inference_mode():
-        return model.forward(token_ids, ctx, caches, torch.arange(n))
+        return model.forward(EagerStep.prefill(model.ops, token_ids, block_size, torch.arange(n)), caches)
 
 
 @pytest.mark.parametrize("backend", ["auto", "reference"])  # built-in kernels, or every op's torch reference

@@ -10,7 +10,7 @@ import pytest
 import torch
 import transformers
 
-from shrike.engine.batch import BatchContext
+from shrike.executor.step import EagerStep
 from shrike.engine.llm_engine import EngineConfig, LLMEngine
 from shrike.layers.attention import KVCache
 from shrike.layers.rotary import RotaryEmbedding
@@ -58,9 +58,7 @@ def _prefill_logits(model_dir, ids: torch.Tensor) -> torch.Tensor:
     model = CausalLM(config, CheckpointTensors(model_dir), torch.float32)
     caches = [KVCache(4, 16, config.num_kv_heads, config.head_dim, torch.float32) for _ in range(config.num_layers)]
     n = len(ids)
-    ctx = BatchContext(positions=torch.arange(n), slot_mapping=torch.arange(n), query_lens=[n], context_lens=[n],
-                       block_tables=[[0, 1, 2, 3]], block_size=16)
-    return model.forward(ids, ctx, caches, torch.arange(n))
+    return model.forward(EagerStep.prefill(model.ops, ids, 16, torch.arange(n)), caches)
 
 
 def test_prefill_logits_match_transformers(tiny):

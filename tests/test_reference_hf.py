@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+
+from shrike.executor.step import EagerStep
 import transformers
 
 from shrike.engine.llm_engine import EngineConfig, LLMEngine
@@ -41,14 +43,12 @@ def test_greedy_continuations_equal_transformers(engine, hf_model):
 
 
 def test_last_position_logits_match(engine, hf_model):
-    from shrike.engine.batch import BatchContext
     prompt = engine.tokenizer.encode(PROMPTS[2])
     n = len(prompt)
     runner = engine.runner
-    ctx = BatchContext(positions=torch.arange(n), slot_mapping=torch.arange(n), query_lens=[n], context_lens=[n],
-                       block_tables=[list(range(-(-n // engine.config.block_size)))], block_size=engine.config.block_size)
+    step = EagerStep.prefill(runner.model.ops, torch.tensor(prompt), engine.config.block_size, torch.tensor([n - 1]))
     with torch.inference_mode():
-        ours = runner.model.forward(torch.tensor(prompt), ctx, runner.kv_caches, torch.tensor([n - 1]))[0]
+        ours = runner.model.forward(step, runner.kv_caches)[0]
         ref = hf_model(torch.tensor([prompt])).logits[0, -1]
     assert (ours - ref).abs().max().item() < FP32_LOGIT_ATOL
 

@@ -1,13 +1,17 @@
 """`shrike eval-ppl`: perplexity of a model on a text file.
 
-The text is tokenized once (no special tokens) and cut into non-overlapping chunks of
---context tokens (the last one shorter). Each chunk is scored from scratch: every token after
-the first of its chunk is predicted from the tokens before it in that chunk, so the first token
-of a chunk is context only. Perplexity = exp(mean negative log-likelihood of the scored tokens).
+The text is tokenized once (no special tokens) and cut into non-overlapping chunks; each chunk
+is scored from scratch as its own sequence. When the model's tokenizer puts a BOS token before a
+text (`add_bos_token` in tokenizer_config.json, or else tokenizer.json's post-processor, as
+transformers encodes), every chunk is BOS + up to --context - 1 text tokens and all its text tokens
+are scored, the first one predicted from BOS alone; a model trained that way scores much worse
+without it (Gemma 3 270M: 62.9 instead of 30.3). Otherwise a chunk is --context text tokens and its
+first token is context only. Perplexity = exp(mean negative log-likelihood of the scored tokens).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 from dataclasses import dataclass, field
@@ -15,11 +19,12 @@ from pathlib import Path
 
 import torch
 
-from shrike.engine.batch import BatchContext
+from shrike.executor.step import EagerStep
 from shrike.engine.config import add_engine_arguments, engine_config_from_args
 from shrike.errors import ConfigError
 from shrike.layers.attention import KVCache
 from shrike.model.llama import CausalLM
+from shrike.tokenizer import Tokenizer
 
 DEFAULT_CONTEXT = 512
 _BLOCK_SIZE = 16
@@ -56,20 +61,38 @@ def sequence_logits(model: CausalLM, token_ids: list[int], kv_dtype: torch.dtype
     blocks = -(-count // _BLOCK_SIZE)
     caches = [KVCache(blocks, _BLOCK_SIZE, c.num_kv_heads, c.head_dim, kv_dtype or model.dtype)
               for _ in range(c.num_layers)]
-    threshold = model.rotary.long_threshold
-    ctx = BatchContext(positions=torch.arange(count), slot_mapping=torch.arange(count), query_lens=[count],
-                       context_lens=[count], block_tables=[list(range(blocks))], block_size=_BLOCK_SIZE,
-                       use_long_rope=None if threshold is None else torch.full((count,), count > threshold))
-    return model.forward(torch.tensor(token_ids, dtype=torch.int64), ctx, caches, torch.arange(count))
+    step = EagerStep.prefill(model.ops, torch.tensor(token_ids, dtype=torch.int64), _BLOCK_SIZE, torch.arange(count),
+                             model.rotary.long_threshold)
+    return model.forward(step, caches)
+
+
+def scoring_bos(tokenizer: Tokenizer, model_dir: Path) -> tuple[int | None, str]:
+    """The BOS id every scored sequence starts with (None: none) and where that rule comes from."""
+    config_path = Path(model_dir) / "tokenizer_config.json"
+    settings = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
+    if "add_bos_token" in settings:
+        if not settings["add_bos_token"]:
+            return None, "tokenizer_config.json add_bos_token is false"
+        if tokenizer.bos_token_id is None:
+            raise ConfigError(f"{config_path} sets add_bos_token but names no bos_token that the vocabulary has")
+        return tokenizer.bos_token_id, "tokenizer_config.json add_bos_token is true"
+    added = tokenizer.encode("a", add_special_tokens=True)
+    if tokenizer.bos_token_id is not None and added[:1] == [tokenizer.bos_token_id]:
+        return tokenizer.bos_token_id, "the tokenizer's post-processor adds it"
+    return None, "neither tokenizer_config.json nor the tokenizer's post-processor adds one"
 
 
 def evaluate_perplexity(model: CausalLM, token_ids: list[int], context: int,
-                        kv_dtype: torch.dtype | None = None) -> PerplexityResult:
+                        kv_dtype: torch.dtype | None = None, bos_token_id: int | None = None) -> PerplexityResult:
+    """token_ids: the text without special tokens. With bos_token_id, each chunk is BOS + context - 1 text
+    tokens and every text token is scored; without, a chunk's first token is context only."""
     if context < 2:
         raise ConfigError(f"--context {context} is too small: a chunk needs at least 2 tokens")
     result = PerplexityResult()
-    for start in range(0, len(token_ids) - 1, context):
-        chunk = token_ids[start:start + context]
+    prefix = [] if bos_token_id is None else [bos_token_id]
+    stride = context - len(prefix)
+    for start in range(0, len(token_ids) - 1 + len(prefix), stride):
+        chunk = prefix + token_ids[start:start + stride]
         if len(chunk) < 2:
             break
         logits = sequence_logits(model, chunk, kv_dtype)[:-1]  # (L - 1, vocab): position p predicts token p + 1
@@ -96,8 +119,12 @@ def run_eval_ppl(args: argparse.Namespace) -> int:
                         config.kernel_backend, config.lm_head_quant, config.activation_quant)
     context = min(args.context, loaded.max_model_len)
     token_ids = loaded.tokenizer.encode(args.file.read_text(encoding="utf-8"), add_special_tokens=False)
+    bos, bos_reason = scoring_bos(loaded.tokenizer, loaded.model_dir)
     result = evaluate_perplexity(loaded.model, token_ids, context,
-                                 resolve_kv_cache_dtype(config.kv_cache_dtype, loaded.dtype))
+                                 resolve_kv_cache_dtype(config.kv_cache_dtype, loaded.dtype), bos)
+    start = (f"each chunk starts with BOS {loaded.tokenizer.decode([bos], skip_special_tokens=False)!r}" if bos is not None
+             else "no BOS, the first token of each chunk is context only")
     print(f"perplexity {result.perplexity:.4f} over {result.scored_tokens} scored tokens "
-          f"({len(token_ids)} tokens in {result.chunks} non-overlapping chunks of up to {context})", file=sys.stdout)
+          f"({len(token_ids)} text tokens in {result.chunks} non-overlapping chunks of up to {context} tokens; "
+          f"{start} ({bos_reason}))", file=sys.stdout)
     return 0

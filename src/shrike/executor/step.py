@@ -46,3 +46,17 @@ class EagerStep:
     def take_logits_rows(self, x: torch.Tensor) -> torch.Tensor:
         """x (T, width) -> a copy of its rows that need logits, (L, width)."""
         return x[self.logits_rows].contiguous()
+
+    @classmethod
+    def prefill(cls, ops, token_ids: torch.Tensor, block_size: int, logits_rows: torch.Tensor,
+                long_threshold: int | None = None) -> "EagerStep":
+        """One sequence of token_ids (T,) from an empty cache whose blocks are 0, 1, 2, ... in order
+        (perplexity, and tests that call a model's forward directly)."""
+        n = int(token_ids.shape[0])
+        blocks = -(-n // block_size)
+        return cls(ops=ops, token_ids=token_ids.to(torch.int64), positions=torch.arange(n),
+                   slot_mapping=torch.arange(n), block_size=block_size,
+                   attention=(torch.arange(blocks, dtype=torch.int32).reshape(1, blocks),
+                              torch.tensor([0, n], dtype=torch.int32), torch.tensor([n], dtype=torch.int32)),
+                   logits_rows=logits_rows.to(torch.int64),
+                   use_long_rope=None if long_threshold is None else torch.full((n,), n > long_threshold))
