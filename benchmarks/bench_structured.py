@@ -27,7 +27,8 @@ import httpx
 import torch
 
 from shrike.default_model import default_model_dir
-from shrike.sampling.grammar import GrammarSpec, new_grammar_compiler
+from shrike.sampling.grammar import GrammarSpec
+from shrike.sampling.grammar_backends import new_grammar_compiler
 from shrike.sampling.params import SamplingParams
 from shrike.sampling.sampler import SamplingRow, sample
 from shrike.tokenizer import Tokenizer

@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 
 from shrike import _C
-from shrike.engine.batch import BatchContext
-from shrike.layers.attention import KVCache, paged_attention, paged_attention_reference
+from shrike.layers.attention import KVCache
+from paged_batch import BatchContext, paged_attention, paged_attention_reference
 
 # name -> (query_lens, context_lens); query i of a sequence sits at position context - query_len + i
 SCENARIOS = {

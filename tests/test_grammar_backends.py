@@ -7,7 +7,8 @@ import re
 import pytest
 import torch
 
-from shrike.sampling.grammar import GrammarError, GrammarSpec, new_grammar_compiler
+from shrike.sampling.grammar import GrammarError, GrammarSpec
+from shrike.sampling.grammar_backends import new_grammar_compiler
 from shrike.sampling.params import SamplingParams
 from shrike.sampling.sampler import SamplingRow, allowed_tokens, sample
 from shrike.tokenizer import Tokenizer

@@ -17,11 +17,12 @@ from shrike.cli import main
 from shrike.engine.llm_engine import EngineConfig, LLMEngine
 from shrike.errors import ConfigError
 from shrike.layers import kv_int8
-from shrike.layers.attention import KVCache, paged_attention_reference
+from shrike.layers.attention import KVCache
 from shrike.layers.kv_dtypes import resolve_kv_cache_dtype
 from shrike.ops import rope_write_kv_reference
 from shrike.platform.memory import plan_kv_cache
 from shrike.sampling.params import SamplingParams
+from paged_batch import paged_attention_reference, write_kv
 from test_attention import make_batch, sdpa_float64
 
 ATOL_VS_ORIGINAL = 0.06
@@ -52,7 +53,7 @@ def int8_batch(query_lens, context_lens, heads, kv_heads, head_dim, q_dtype, see
         dst.copy_(kv_int8.quantize(torch.nan_to_num(src)))
         dst[..., head_dim:] = torch.full(src.shape[:2] + (1,), float("nan")).view(torch.int8)
     for k, v, slots in zip(keys, values, _sequence_slots(ctx)):
-        int8.write(slots, k, v)
+        write_kv(int8, slots, k, v)
     return q.to(q_dtype), int8, ctx, keys, values
 
 

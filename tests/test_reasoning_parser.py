@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from shrike.sampling.grammar import GrammarSpec, new_grammar_compiler
+from shrike.sampling.grammar import GrammarSpec
+from shrike.sampling.grammar_backends import new_grammar_compiler
 from shrike.sampling.params import SamplingParams
 from shrike.sampling.sampler import SamplingRow, allowed_tokens, sample
 from shrike.server.reasoning import CLOSE, AfterReasoning, ReasoningParser, ReasoningStream

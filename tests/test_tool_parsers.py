@@ -5,8 +5,7 @@ import json
 
 import pytest
 
-from shrike.plugins import build_registry
-from shrike.server.tools import BUILTIN_TOOL_PARSERS
+from shrike.server.tools import BUILTIN_TOOL_PARSERS, build_server_registry
 from shrike.server.tools.forced import NamedToolParser, RequiredToolParser
 from shrike.server.tools.stream import ToolCallStream
 
@@ -115,7 +114,7 @@ def test_forced_formats():
 
 
 def test_parsers_come_from_the_registry_and_unknown_names_are_refused():
-    registry = build_registry(environ={"SHRIKE_PLUGINS": ""})
+    registry = build_server_registry(environ={"SHRIKE_PLUGINS": ""})
     for name, parser in BUILTIN_TOOL_PARSERS.items():
         assert registry.tool_parser(name).target is parser
     assert "hermes" in registry.describe()["tool_parser"]

@@ -179,10 +179,10 @@ def _plugin_section(problems: list[str], kernels_load: bool) -> dict[str, Any]:
     ]
     if not kernels_load:  # the built-in ops are the kernels; that failure is reported already
         return {"installed": installed}
-    from shrike.plugins import build_registry
+    from shrike.server.tools import build_server_registry
 
     try:
-        registry = build_registry()
+        registry = build_server_registry()
     except ConfigError as error:
         problems.append(str(error))
         return {"installed": installed, "error": str(error)}

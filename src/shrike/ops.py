@@ -158,8 +158,11 @@ def w8a8_linear_reference(x: torch.Tensor, weight, bias: torch.Tensor | None, ou
 
 
 def weight_only_linear_reference(x: torch.Tensor, weight, bias: torch.Tensor | None, out: torch.Tensor) -> None:
-    from shrike.quantization import reference_kernels as ref
-    ref.weight_only_linear(x, _reference_weight(weight), bias, out)
+    """The weight-only kernel's math: dense_linear on the dequantized weight, inputs in its column order."""
+    weight = _reference_weight(weight)
+    if weight.perm is not None:
+        x = x.index_select(1, weight.perm)
+    dense_linear_reference(x, weight.weight, None if bias is None else bias.float(), out)
 
 
 def dense_linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,

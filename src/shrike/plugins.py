@@ -85,21 +85,20 @@ def load_plugins(
 
 
 def build_registry(environ: Mapping[str, str] = os.environ) -> Registry:
-    """A registry with Shrike's built-ins and the selected plugins."""
+    """A registry with Shrike's built-in ops, architectures and quantization scheme, and the selected plugins
+    (the server adds its tool-call parsers: shrike.server.tools.build_server_registry)."""
     # Imported here because the built-in ops need the kernel extension, and listing installed
     # plugins must work without it (shrike doctor reports a broken extension that way).
     from shrike.model.gemma3 import register_architectures as register_gemma3
     from shrike.model.llama import register_architectures
     from shrike.ops import register_builtin_ops
     from shrike.quantization.loading import QuantizedLinearFactory
-    from shrike.server.tools import register_tool_parsers
 
     registry = Registry()
     register_builtin_ops(registry)
     register_architectures(registry)
     register_gemma3(registry)
     registry.register_quantization("compressed-tensors", QuantizedLinearFactory)
-    register_tool_parsers(registry)
     load_plugins(registry, environ)
     registry.check_ops()
     return registry

@@ -19,7 +19,7 @@ from shrike.errors import ConfigError
 from shrike.layers.kv_dtypes import KV_CACHE_DTYPES
 from shrike.layers.lm_head import LM_HEAD_QUANT
 from shrike.platform.cpulist import parse_cpu_list
-from shrike.quantization.backends import ACTIVATION_QUANT
+from shrike.quantization.backends import ACTIVATION_QUANT, KERNEL_BACKENDS
 from shrike.speculative.config import SpeculativeConfig, parse_speculative_config
 
 Check = Callable[[str, Any], Any]  # (flag, value as given) -> the value to run with; ConfigError when wrong
@@ -153,7 +153,7 @@ class EngineConfig:
         metavar="LIST")
     kernel_backend: str = _setting(
         "auto", "every op on the compiled kernels, as one compiled forward per step (auto), or on its PyTorch "
-        "reference in the eager Python model (reference)", None, choices=("auto", "reference"))
+        "reference in the eager Python model (reference)", None, choices=KERNEL_BACKENDS)
     lm_head_quant: str = _setting(
         "none", "none: the lm_head keeps the checkpoint's precision (default); int8: quantized per vocabulary row "
         "at load (half the bytes of bf16, slightly less accurate)", None, choices=LM_HEAD_QUANT)

@@ -105,15 +105,6 @@ class ReferenceWeightOnlyWeight:
         return cls(tensors["weight"], tensors.get("perm"))
 
 
-def weight_only_linear(x: torch.Tensor, weight: ReferenceWeightOnlyWeight, bias: torch.Tensor | None,
-                       out: torch.Tensor) -> None:
-    """The weight-only kernel's math: dense_linear on the dequantized weight, inputs in its column order."""
-    from shrike.ops import dense_linear_reference
-    if weight.perm is not None:
-        x = x.index_select(1, weight.perm)
-    dense_linear_reference(x, weight.weight, None if bias is None else bias.float(), out)
-
-
 def _fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     """float32 std::fma(a, b, c), rounded once: a * b is exact in float64 (24 + 24 bits)."""
     return (a.double() * b.double() + c.double()).float()

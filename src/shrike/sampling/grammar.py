@@ -24,7 +24,6 @@ import torch
 from shrike.sampling.closed_objects import closed_objects
 from shrike.tokenizer import Tokenizer
 
-BACKENDS = ("llguidance", "xgrammar")
 # Compiled grammars kept for reuse (the same schema sent again skips compilation).
 COMPILED_CACHE_SIZE = 128
 
@@ -128,16 +127,6 @@ def _without_undeclared_keys(spec: GrammarSpec) -> GrammarSpec:
                       for s in spec.value.get("structures", [])]
         return GrammarSpec(spec.kind, {**spec.value, "structures": structures}, spec.param)
     return spec
-
-
-def new_grammar_compiler(backend: str, tokenizer: Tokenizer, vocab_size: int) -> GrammarCompiler:
-    if backend == "llguidance":
-        from shrike.sampling.grammar_llguidance import LLGuidanceCompiler
-        return LLGuidanceCompiler(tokenizer, vocab_size)
-    if backend == "xgrammar":
-        from shrike.sampling.grammar_xgrammar import XGrammarCompiler
-        return XGrammarCompiler(tokenizer, vocab_size)
-    raise ValueError(f"unknown structured outputs backend {backend!r}; use one of {', '.join(BACKENDS)}")
 
 
 def looks_like_ebnf(grammar: str) -> bool:

@@ -15,7 +15,8 @@ from shrike.engine.async_engine import AsyncEngine
 from shrike.engine.config import engine_config_from_args
 from shrike.engine.llm_engine import LLMEngine
 from shrike.errors import ConfigError
-from shrike.sampling.grammar import GrammarCompiler, new_grammar_compiler
+from shrike.sampling.grammar import GrammarCompiler
+from shrike.sampling.grammar_backends import new_grammar_compiler
 from shrike.server.app import build_app
 from shrike.server.context import ServerContext
 from shrike.server.metrics import ServerMetrics
@@ -82,8 +83,8 @@ def _tool_parser_class(args: argparse.Namespace) -> type | None:
                           "pythonic)")
     if args.tool_call_parser is None:
         return None
-    from shrike.plugins import build_registry
-    return build_registry().tool_parser(args.tool_call_parser).target
+    from shrike.server.tools import build_server_registry
+    return build_server_registry().tool_parser(args.tool_call_parser).target
 
 
 def _grammar_compiler(backend: str, engine: LLMEngine) -> GrammarCompiler:
