@@ -1,19 +1,22 @@
 #!/usr/bin/env python3
 """Arm kernel evidence without Arm hardware (issue 39): static cycle models and dynamic instruction counts.
 
-  python benchmarks/arm_kernels.py static  [--out-dir benchmarks/results] [--tag NAME]
+  python benchmarks/arm_kernels.py static  [--compiler clang|gcc] [--out-dir benchmarks/results] [--tag NAME]
   python benchmarks/arm_kernels.py dynamic [--out-dir benchmarks/results] [--tag NAME] [--layers 2]
+  python benchmarks/arm_kernels.py project --mca M.json --counts C.json --out P.md   # the CIX P1 projection
   python benchmarks/arm_kernels.py selftest          # the assembly parsing on a tiny hand-written loop nest
 
 static: every Shrike Arm linear kernel (csrc/linear/*_{dotprod,i8mm,sve2}.cpp, compiled from the shipped
-sources through benchmarks/arm/mca_shrike.cpp with each variant's flags from csrc/kernels.cmake plus
--mtune=cortex-a720) and llama.cpp's matching ggml loops (arch/arm/repack.cpp from the llama-cpp-python
-sdist that benchmarks/build_peers.sh uses, compiled with -mcpu=cortex-a720 as a native build on the
-A720 would be) are compiled to assembly with clang-19; the hot loop of each kernel is cut out of the
-assembly and given to llvm-mca-19 -mcpu=cortex-a720. For Shrike's W4A8 the modelled block is one whole
-weight group (the K loop repeated group/step times plus the per-group scale work), for ggml one Q4_0 /
-Q8_0 block of 32 (its scale work is inside the loop). Reported: cycles and instructions per 32 weights
-per activation row (= per 32 multiply-adds), per kernel and shape.
+sources through benchmarks/arm/mca_shrike.cpp with exactly the library's flags from csrc/kernels.cmake) and
+llama.cpp's matching ggml loops (arch/arm/repack.cpp from the llama-cpp-python sdist that
+benchmarks/build_peers.sh uses, compiled with -mcpu=cortex-a720 as a native build on the A720 would be)
+are compiled to assembly (clang-19 by default, `--compiler gcc` for Debian's GCC 12 cross compiler, which
+knows no cortex-a720 and gets -mcpu=cortex-a710 for ggml); the hot loop of each kernel is cut out of the
+assembly and given to llvm-mca-19 -mcpu=cortex-a720 (LLVM 19 schedules that core with its Neoverse-N2
+model; the script checks that -mcpu=neoverse-n2 gives the same cycles). For Shrike's W4A8 the modelled block
+is one whole weight group (the K loop repeated group/step times plus the per-group scale work), for ggml one
+Q4_0 / Q8_0 block of 32 (its scale work is inside the loop). Reported: cycles and instructions per 32
+weights per activation row (= per 32 multiply-adds), per kernel and shape.
 
 dynamic: cross-compiles a driver (benchmarks/arm/decode_count.cpp) against Shrike's kernel library and
 ggml's CPU backend, runs one decode step's linears of an N-layer MiniCPM5-2B-shaped model (q, k, v, o,
@@ -270,8 +273,10 @@ def walk(items: list[Item], region: Region, inner: Region | None, trips: int) ->
 def mca(insns: list[Item], mcpu: str, iterations: int = 200) -> dict:
     os.makedirs(WORK, exist_ok=True)
     path = os.path.join(WORK, "mca_block.s")
+    def text(x: Item) -> str:  # branch targets pointed at one label (llvm-mca ignores where branches go)
+        return x.text[: x.text.rindex(x.target)] + ".Lmca_top" if x.target else x.text
     with open(path, "w") as f:
-        f.write("\n".join(x.text for x in insns) + "\n")
+        f.write(".Lmca_top:\n" + "\n".join(text(x) for x in insns) + "\n")
     out = run([MCA, "-mtriple=aarch64-linux-gnu", f"-mcpu={mcpu}", f"-iterations={iterations}", path]).stdout
 
     def field(name):
@@ -345,18 +350,27 @@ def kernels() -> list[Kernel]:
     return k
 
 
-def compile_asm(vendor: str) -> dict:
+# GCC 12 (Debian's cross compiler, what .ci/arm-kernels.sh and a Debian arm64 build use) has no cortex-a720;
+# cortex-a710 is its nearest core (the A720's predecessor but one, same 2 x 128-bit SIMD back end as the N2).
+GCC_CPU = "cortex-a710"
+
+
+def compile_asm(vendor: str, compiler: str) -> dict:
     os.makedirs(WORK, exist_ok=True)
+    if compiler == "clang":
+        cxx, target, cpu = [CLANGXX, "--target=aarch64-linux-gnu"], [], f"-mcpu={MCPU}"
+    else:
+        cxx, target, cpu = ["aarch64-linux-gnu-g++"], [], f"-mcpu={GCC_CPU}"
     asm = {}
-    for key, flags in SHRIKE_VARIANTS.items():
-        path = os.path.join(WORK, f"shrike_{key}.s")
-        run([CLANGXX, "--target=aarch64-linux-gnu", "-std=c++17", "-O3", "-fno-math-errno", flags, f"-mtune={MCPU}",
+    for key, flags in SHRIKE_VARIANTS.items():  # exactly the library's flags (csrc/kernels.cmake): no -mtune
+        path = os.path.join(WORK, f"shrike_{key}_{compiler}.s")
+        run([*cxx, *target, "-std=c++17", "-O3", "-fno-math-errno", flags,
              "-DSHRIKE_AARCH64=1", f"-DSHRIKE_MCA_{key}", f"-I{REPO}/csrc", "-S",
              os.path.join(REPO, "benchmarks/arm/mca_shrike.cpp"), "-o", path])
         asm[key] = open(path).read()
     g = os.path.join(vendor, "ggml")
-    path = os.path.join(WORK, "llama_repack.s")
-    run([CLANGXX, "--target=aarch64-linux-gnu", "-std=c++17", "-O3", f"-mcpu={MCPU}", "-DNDEBUG", "-D_GNU_SOURCE",
+    path = os.path.join(WORK, f"llama_repack_{compiler}.s")
+    run([*cxx, *target, "-std=c++17", "-O3", cpu, "-DNDEBUG", "-D_GNU_SOURCE",
          f"-I{g}/include", f"-I{g}/src", f"-I{g}/src/ggml-cpu", "-S", f"{g}/src/ggml-cpu/arch/arm/repack.cpp", "-o", path])
     asm["llama_repack"] = open(path).read()
     return asm
@@ -392,21 +406,28 @@ def model_kernel(kern: Kernel, asm: str) -> dict:
 
 
 def cmd_static(args) -> None:
-    ensure_tools(need_qemu=False)
+    ensure_tools(need_qemu=args.compiler == "gcc")
     vendor = llama_cpp_dir()
-    asm = compile_asm(vendor)
+    asm = compile_asm(vendor, args.compiler)
     ks = kernels()
     for kern in ks:
         kern.result = model_kernel(kern, asm[kern.asm])
         r = kern.result
         print(f"{kern.engine:9s} {kern.shape:7s} {kern.name:38s} cyc/32 {r['cycles_per_32']:6.2f}  "
               f"insn/32 {r['instructions_per_32']:6.2f}  rthr/32 {r['rthroughput_per_32']:5.2f}  IPC {r['ipc']:.2f}")
-    clang_v = run([CLANGXX, "--version"]).stdout.splitlines()[0]
-    meta = {"date": datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M UTC"), "mcpu": MCPU, "clang": clang_v,
+    cxx = CLANGXX if args.compiler == "clang" else "aarch64-linux-gnu-g++"
+    compiler_v = run([cxx, "--version"]).stdout.splitlines()[0]
+    flags = (f"-O3 -mcpu={MCPU} (llama.cpp, as a native build there), -O3 -fno-math-errno and each variant's -march "
+             f"from csrc/kernels.cmake (Shrike, as shipped)" if args.compiler == "clang" else
+             f"-O3 -mcpu={GCC_CPU} (llama.cpp), -O3 -fno-math-errno and each variant's -march (Shrike, as shipped)")
+    meta = {"date": datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M UTC"), "mcpu": MCPU, "compiler": compiler_v,
+            "compile_flags": flags,
             "llvm_mca": "llvm-mca " + re.search(r"LLVM version ([\d.]+)", run([MCA, "--version"]).stdout).group(1),
             "llama_cpp": os.path.basename(os.path.dirname(os.path.dirname(vendor))), "group": GROUP,
             "all_same_as_neoverse_n2": all(k.result["same_as_neoverse_n2"] for k in ks)}
     tag = args.tag or datetime.datetime.utcnow().strftime("%Y%m%d")
+    if args.compiler == "gcc":
+        tag = f"gcc-{tag}"
     os.makedirs(args.out_dir, exist_ok=True)
     jpath = os.path.join(args.out_dir, f"arm-mca-{tag}.json")
     with open(jpath, "w") as f:
@@ -420,7 +441,8 @@ def cmd_static(args) -> None:
 
 def static_markdown(ks: list[Kernel], meta: dict) -> str:
     out = [f"# llvm-mca: Shrike vs llama.cpp Arm kernel loops ({meta['date']})", "",
-           f"`python benchmarks/arm_kernels.py static` — {meta['clang']}; {meta['llvm_mca']}; "
+           f"`python benchmarks/arm_kernels.py static{'' if 'clang' in meta['compiler'] else ' --compiler gcc'}` — "
+           f"compiled by {meta['compiler']} with {meta['compile_flags']}; {meta['llvm_mca']} "
            f"`-mcpu={meta['mcpu']}` (LLVM schedules it with its Neoverse-N2 model: identical results with "
            f"`-mcpu=neoverse-n2` for every block: {meta['all_same_as_neoverse_n2']}); llama.cpp from {meta['llama_cpp']}.",
            "", "Per 32 weights per activation row (= per 32 int8 multiply-adds); all data in L1 (llvm-mca has no "
@@ -484,18 +506,321 @@ def cmd_selftest(args) -> None:
     print("selftest: ok")
 
 
+# ---------------------------------------------------------------------------------------------------------
+# dynamic counts under qemu-user
+
+AARCH64_TOOLCHAIN = os.path.join(REPO, "cmake/aarch64-linux-gnu.cmake")
+QEMU_SVE128 = "max,sve-default-vector-length=16"  # SVE2 + I8MM + dotprod at the A720's 128-bit vector length
+KERNEL_RE = re.compile(r"w4a8_tiles|w8a8_tiles|rows_x_|pairs_x_|ggml_gemv_|ggml_gemm_|ggml_vec_dot_")
+QUANT_RE = re.compile(r"quantize|row_sum|act_quant")
+
+
+def build_driver(vendor: str) -> str:
+    """Shrike's kernel library (as .ci/arm-kernels.sh builds it), ggml's CPU backend and the driver, for aarch64."""
+    shrike_build, ggml_build = os.path.join(WORK, "shrike-build"), os.path.join(WORK, "ggml-build")
+    if not os.path.exists(os.path.join(shrike_build, "CMakeCache.txt")):
+        run(["cmake", "-S", os.path.join(REPO, "csrc/tests"), "-B", shrike_build,
+             f"-DCMAKE_TOOLCHAIN_FILE={AARCH64_TOOLCHAIN}"])
+    print("== building Shrike's kernel library (aarch64)", flush=True)
+    run(["cmake", "--build", shrike_build, "--target", "shrike_kernels", "-j1"])
+    if not os.path.exists(os.path.join(ggml_build, "CMakeCache.txt")):
+        # The CPU features of an A720 build (-mcpu=native there): SVE2, I8MM, dotprod; the SVE vector length is
+        # read at run time (128 bits under QEMU_SVE128, as on the A720), so ggml picks its 4x8 repacked kernels.
+        run(["cmake", "-S", vendor, "-B", ggml_build, f"-DCMAKE_TOOLCHAIN_FILE={AARCH64_TOOLCHAIN}",
+             "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=OFF", "-DGGML_CPU_ARM_ARCH=armv9-a+sve2+i8mm+dotprod",
+             "-DBUILD_SHARED_LIBS=OFF", "-DGGML_OPENMP=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+             "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_TOOLS=OFF", "-DLLAMA_BUILD_SERVER=OFF",
+             "-DLLAMA_BUILD_COMMON=OFF"])
+    print("== building ggml's CPU backend (aarch64; a few minutes on one core the first time)", flush=True)
+    run(["cmake", "--build", ggml_build, "--target", "ggml-cpu", "ggml-base", "-j1"])
+    driver = os.path.join(WORK, "decode_count")
+    libs = [os.path.join(shrike_build, "libshrike_kernels.a"), os.path.join(ggml_build, "ggml/src/libggml-cpu.a"),
+            os.path.join(ggml_build, "ggml/src/libggml-base.a")]
+    run(["aarch64-linux-gnu-g++", "-std=c++17", "-O2", "-static", "-DSHRIKE_AARCH64=1", f"-I{REPO}/csrc",
+         f"-I{vendor}/ggml/include", os.path.join(REPO, "benchmarks/arm/decode_count.cpp"), *libs, "-pthread", "-lm",
+         "-o", driver])
+    return driver
+
+
+def symbol_address(binary: str, name: str) -> int:
+    for line in run(["aarch64-linux-gnu-nm", binary]).stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[2] == name:
+            return int(parts[0], 16)
+    raise SystemExit(f"{name} not in {binary}")
+
+
+def count_instructions(driver: str, argv: list[str], cpu: str, env: dict) -> dict:
+    """Guest instructions executed between count_begin() and count_end(): qemu logs every translation block
+    (in_asm: its instructions) and every execution of one (exec, with chaining off so none is skipped);
+    executions x block sizes, summed per symbol."""
+    begin, end = symbol_address(driver, "count_begin"), symbol_address(driver, "count_end")
+    fifo = os.path.join(WORK, f"qemu-log-{os.getpid()}.fifo")
+    if os.path.exists(fifo):
+        os.unlink(fifo)
+    os.mkfifo(fifo)
+    proc = subprocess.Popen(["qemu-aarch64", "-cpu", cpu, "-d", "in_asm,exec,nochain", "-D", fifo, driver, *argv],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **env})
+    tb_size: dict[int, int] = {}
+    per_symbol: dict[str, int] = {}
+    counting, done, executions = False, False, 0
+    tb_pc, tb_n = None, 0
+    with open(fifo, errors="replace") as log:
+        for line in log:
+            if line.startswith("Trace "):
+                if done:
+                    continue
+                head, _, sym = line.partition("] ")
+                pc = int(head.split("[", 1)[1].split("/")[1], 16)
+                if pc == begin:
+                    counting = True
+                elif pc == end:
+                    counting, done = False, True
+                if counting:
+                    n = tb_size[pc]
+                    executions += 1
+                    sym = sym.strip() or f"0x{pc:x}"
+                    per_symbol[sym] = per_symbol.get(sym, 0) + n
+            elif line.startswith("IN:"):
+                tb_pc, tb_n = None, 0
+            elif line.startswith("0x"):
+                if tb_pc is None:
+                    tb_pc = int(line.split(":", 1)[0], 16)
+                tb_n += 1
+            elif not line.strip() and tb_pc is not None:
+                tb_size[tb_pc] = tb_n
+                tb_pc = None
+    out, err = proc.communicate()
+    os.unlink(fifo)
+    if proc.returncode != 0 or not done:
+        raise SystemExit(f"qemu run {argv} failed (exit {proc.returncode}): {err[-2000:]}")
+    info = dict(kv.split("=", 1) for kv in out.split())
+    total = sum(per_symbol.values())
+    return {"total": total, "tb_executions": executions, "info": info,
+            "kernel": sum(v for k, v in per_symbol.items() if KERNEL_RE.search(k)),
+            "act_quant": sum(v for k, v in per_symbol.items() if QUANT_RE.search(k) and not KERNEL_RE.search(k)),
+            "top_symbols": sorted(per_symbol.items(), key=lambda kv: -kv[1])[:12]}
+
+
+def cmd_dynamic(args) -> None:
+    ensure_tools(need_qemu=True)
+    vendor = llama_cpp_dir()
+    driver = build_driver(vendor)
+    weights_per_layer = sum(n * k for n, k in ((2048, 2048), (256, 2048), (256, 2048), (2048, 2048), (6144, 2048),
+                                               (6144, 2048), (2048, 6144)))
+    weights = weights_per_layer * args.layers
+    # ggml is built for the A720's features (SVE2, I8MM), so it runs only on a CPU model that has them: its
+    # dotprod-only 4x4 kernels (Cortex-A76 class) are in the static table, not counted here.
+    configs = [  # (label, engine, format, qemu cpu, env)
+        ("Shrike W4A8-G128, sve2 (default on SVE2+I8MM CPUs such as the A720)", "shrike", "int4", QEMU_SVE128,
+         {"SHRIKE_ISA": "sve2"}),
+        ("Shrike W4A8-G128, dotprod (also what i8mm runs at batch 1)", "shrike", "int4", QEMU_SVE128,
+         {"SHRIKE_ISA": "dotprod"}),
+        ("llama.cpp Q4_0, repacked (SVE 128 + I8MM: q4_0_4x8)", "llama", "int4", QEMU_SVE128, {}),
+        ("Shrike W8A8, sve2 (default on SVE2+I8MM CPUs)", "shrike", "int8", QEMU_SVE128, {"SHRIKE_ISA": "sve2"}),
+        ("Shrike W8A8, dotprod", "shrike", "int8", QEMU_SVE128, {"SHRIKE_ISA": "dotprod"}),
+        ("llama.cpp Q8_0, repacked (SVE 128 + I8MM: q8_0_4x8)", "llama", "int8", QEMU_SVE128, {}),
+    ]
+    rows = []
+    for label, engine, fmt, cpu, env in configs:
+        print(f"== {label}", flush=True)
+        r = count_instructions(driver, [engine, fmt, str(args.layers)], cpu, env)
+        wbytes = float(r["info"]["weight_bytes"])
+        r.update({"label": label, "engine": engine, "format": fmt, "qemu_cpu": cpu, "env": env, "weights": weights,
+                  "weight_bytes": wbytes, "instructions_per_weight_byte": r["total"] / wbytes,
+                  "instructions_per_32_weights": r["total"] * 32 / weights,
+                  "kernel_instructions_per_32_weights": r["kernel"] * 32 / weights})
+        print(f"   {r['total']:,} instructions; {r['instructions_per_weight_byte']:.3f} per weight byte; "
+              f"{r['instructions_per_32_weights']:.2f} per 32 weights (kernel {r['kernel_instructions_per_32_weights']:.2f});"
+              f" activation quantization {r['act_quant']:,}", flush=True)
+        rows.append(r)
+    meta = {"date": datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M UTC"), "layers": args.layers,
+            "qemu": run(["qemu-aarch64", "--version"]).stdout.splitlines()[0],
+            "compiler": run(["aarch64-linux-gnu-g++", "--version"]).stdout.splitlines()[0],
+            "llama_cpp": os.path.basename(os.path.dirname(os.path.dirname(vendor))),
+            "shrike_commit": run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"]).stdout.strip()}
+    tag = args.tag or datetime.datetime.utcnow().strftime("%Y%m%d")
+    os.makedirs(args.out_dir, exist_ok=True)
+    jpath = os.path.join(args.out_dir, f"arm-qemu-counts-{tag}.json")
+    with open(jpath, "w") as f:
+        json.dump({"meta": meta, "runs": rows}, f, indent=1)
+    mpath = os.path.join(args.out_dir, f"arm-qemu-counts-{tag}.md")
+    with open(mpath, "w") as f:
+        f.write(dynamic_markdown(rows, meta))
+    print(f"wrote {jpath}\nwrote {mpath}")
+
+
+def dynamic_markdown(rows: list[dict], meta: dict) -> str:
+    out = [f"# qemu-user instruction counts: one decode step's linears, {meta['layers']}-layer MiniCPM5-2B shape ({meta['date']})",
+           "", f"`python benchmarks/arm_kernels.py dynamic` — {meta['qemu']}; {meta['compiler']}, static; "
+           f"llama.cpp (ggml) from {meta['llama_cpp']}; Shrike at {meta['shrike_commit']}.", "",
+           "Batch 1, one thread, the 7 linears of each layer (q 2048x2048, k/v 256x2048, o 2048x2048, gate/up "
+           "6144x2048, down 2048x6144); Shrike with bf16 activations and outputs, ggml with f32 (its graph "
+           "quantizes them to Q8_0). Counted: every guest instruction between the driver's count_begin() and "
+           "count_end() (the step after a warm-up step): kernels, activation quantization, dispatch and ggml's "
+           "graph walk. Attention, norms, embedding and lm_head are not in the step.", "",
+           "| run | qemu -cpu | instructions | per weight byte | per 32 weights | kernel per 32 weights | "
+           "activation quantization | weight bytes |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['label']} | `{r['qemu_cpu']}` | {r['total']:,} | {r['instructions_per_weight_byte']:.3f} | "
+                   f"{r['instructions_per_32_weights']:.2f} | {r['kernel_instructions_per_32_weights']:.2f} | "
+                   f"{r['act_quant']:,} | {r['weight_bytes']:,.0f} |")
+    out += ["", "Top symbols per run (instructions):", ""]
+    for r in rows:
+        top = ", ".join(f"`{s[:60]}` {n:,}" for s, n in r["top_symbols"][:5])
+        out.append(f"- {r['label']}: {top}")
+    return "\n".join(out) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# projection for the CIX P1 board
+
+P1_CORES = 8  # Cortex-A720 cores Shrike binds to (0,1,6-11); the 4 A520 are left out
+P1_CLOCKS_GHZ = (2.3, 2.6)  # A720 cpufreq maxima reported on CIX P1 boards: 2.3 GHz (most) and 2.6 GHz (one core)
+P1_READ_GBS = 44.0  # STREAM-like read measured on the board (FACTS.md section 9)
+LLAMA_FRACTION = (0.75, 0.85)  # of that bandwidth llama.cpp decodes at on this SoC (FACTS.md section 9)
+BODY_WEIGHTS = 42 * 47_185_920  # MiniCPM5-2B: 42 layers x (q, k, v, o, gate, up, down)
+HEAD_WEIGHTS = 130_560 * 2048  # lm_head (untied)
+REFERENCE = {"int4": 7.73, "int8": 4.69}
+# Shrike's decode on x86 as a fraction of STREAM read (FACTS.md section 8): 14.6-16.1 tok/s x 1.555 GB against 46-58 GB/s
+X86_SHRIKE_FRACTION = (14.6 * 1.555 / 58, 16.1 * 1.555 / 46)  # the reference system on the board, tok/s (FACTS.md section 9)
+
+
+def cmd_project(args) -> None:
+    mca_runs = {k["name"]: k for k in json.load(open(args.mca))["kernels"]}
+    counts = json.load(open(args.counts))
+    layers = counts["meta"]["layers"]
+
+    def count(label_start):
+        return next(r for r in counts["runs"] if r["label"].startswith(label_start))
+    cases = [
+        # (name, family, static kernel, dynamic run, body bytes per weight source, head bytes, head note)
+        ("Shrike W4A8-G128, sve2 (today's default on the A720)", "int4", "sve2 W4A8-G128 rows_x_pass<1>",
+         "Shrike W4A8-G128, sve2", 2 * HEAD_WEIGHTS, "bf16"),
+        ("Shrike W4A8-G128, dotprod (SHRIKE_ISA=dotprod or i8mm)", "int4", "dotprod W4A8-G128 rows_x_tile<1>",
+         "Shrike W4A8-G128, dotprod", 2 * HEAD_WEIGHTS, "bf16"),
+        ("llama.cpp Q4_0 (output Q6_K)", "int4", "ggml_gemv_q4_0_4x8_q8_0", "llama.cpp Q4_0", HEAD_WEIGHTS * 210 / 256,
+         "Q6_K"),
+        ("Shrike W8A8, sve2 (today's default on the A720)", "int8", "sve2 W8A8 rows_x_pass<1>", "Shrike W8A8, sve2",
+         2 * HEAD_WEIGHTS, "bf16"),
+        ("Shrike W8A8, dotprod (SHRIKE_ISA=dotprod or i8mm)", "int8", "dotprod W8A8 rows_x_tile<1>",
+         "Shrike W8A8, dotprod", 2 * HEAD_WEIGHTS, "bf16"),
+        ("llama.cpp Q8_0 (output Q8_0)", "int8", "ggml_gemv_q8_0_4x8_q8_0", "llama.cpp Q8_0", HEAD_WEIGHTS * 34 / 32,
+         "Q8_0"),
+    ]
+    f_lo, f_hi = P1_CLOCKS_GHZ
+    lines = [f"# Decode projection for the CIX P1 board (8 x Cortex-A720, {P1_READ_GBS:.0f} GB/s): MiniCPM5-2B", "",
+             "Written by `python benchmarks/arm_kernels.py project` from "
+             f"`{os.path.relpath(args.mca, REPO)}` (llvm-mca) and `{os.path.relpath(args.counts, REPO)}` (qemu counts). "
+             "Nothing here was run on an Arm CPU: it is a model, with every input listed.", "", "## Assumptions", "",
+             f"- {P1_CORES} A720 cores compute (Shrike binds to them by itself; the A520s are left out), at "
+             f"{f_lo}-{f_hi} GHz (the cpufreq maxima reported for the P1's A720 cores: most at 2.3, one cluster's "
+             "first core at 2.6; CIX states 2.6 / 2.5 GHz for the big cores).",
+             f"- Memory: {P1_READ_GBS:.0f} GB/s read, the STREAM-like figure measured on the board with 12 threads "
+             "(102 GB/s on paper). llama.cpp decodes at about 75-85% of it there (3B and 8B models through Ollama).",
+             "- Per token, every weight is read once from DRAM (2B parameters do not fit the caches); KV cache, "
+             "norms, embedding row and attention are left out (a 43-token prompt adds ~4 MB of KV reads).",
+             "- Kernel cycles per 32 weights are llvm-mca's (LLVM 19's Neoverse-N2 model, which it uses for "
+             "-mcpu=cortex-a720), with all operands in L1: a lower bound on the core's time, which assumes the A720's "
+             "SIMD back end (2 x 128-bit pipes, sdot latency 3) matches the N2's.",
+             "- lm_head: Shrike keeps it bf16 (0.53 GB/token) on its dense kernel, whose Arm loop is not modelled here; "
+             "llama-quantize stores it Q6_K for Q4_0 and Q8_0 for Q8_0. The head's time is counted as memory time only.",
+             f"- Compute time of the body = {BODY_WEIGHTS:,} weights / 32 x cycles per 32 / ({P1_CORES} cores x clock); "
+             "threads split the output columns evenly, no synchronisation cost.",
+             "- Decode time per token is bracketed by two models: overlap (time = max(memory, compute), a perfect "
+             "prefetching roofline) and serial (memory + compute, nothing hidden).", "",
+             "## Bandwidth-bound or compute-bound", "",
+             "| decode kernel | cycles / 32 w (mca) | instructions / 32 w (qemu, whole step) | weight bytes / 32 w | "
+             "bytes per core-cycle it can consume | bytes per core-cycle the board delivers (8 cores, 2.3-2.6 GHz) | "
+             "headroom | verdict |", "|---|---|---|---|---|---|---|---|"]
+    rows, consume_of = [], {}
+    for name, fam, kname, run_label, head_bytes, head_fmt in cases:
+        k = mca_runs[kname]
+        c = count(run_label)
+        bytes_per_weight = c["weight_bytes"] / c["weights"]
+        body_bytes = BODY_WEIGHTS * bytes_per_weight
+        cyc32 = k["cycles_per_32"]
+        consume = 32 * bytes_per_weight / cyc32
+        deliver_hi = P1_READ_GBS / (P1_CORES * f_lo)  # fewer cycles per second -> more bytes per cycle
+        deliver_lo = P1_READ_GBS / (P1_CORES * f_hi)
+        verdict = "bandwidth-bound" if consume > deliver_hi else "compute-bound"
+        consume_of[name] = consume
+        lines.append(f"| {name} | {cyc32:.2f} | {c['instructions_per_32_weights']:.2f} | {32 * bytes_per_weight:.2f} | "
+                     f"{consume:.2f} | {deliver_lo:.2f}-{deliver_hi:.2f} | {consume / deliver_hi:.1f}-{consume / deliver_lo:.1f}x | "
+                     f"{verdict} |")
+        mem_s = (body_bytes + head_bytes) / (P1_READ_GBS * 1e9)
+        comp_s = [BODY_WEIGHTS / 32 * cyc32 / (P1_CORES * f * 1e9) for f in (f_hi, f_lo)]
+        rows.append((name, fam, body_bytes, head_bytes, head_fmt, mem_s, comp_s))
+    headroom = [consume_of[n] / (P1_READ_GBS / (P1_CORES * f_lo)) for n in consume_of]
+    bound = [n for n in consume_of if consume_of[n] <= P1_READ_GBS / (P1_CORES * f_lo)]
+    lines += ["", (f"Every decode kernel, the slowest included, consumes weight bytes at least {min(headroom):.1f}x as fast "
+                   "as 8 A720 cores are fed at 44 GB/s: by this model decode on the P1 is bandwidth-bound, and the "
+                   "kernels' instructions per byte become the limit only with more bandwidth per core (the Neoverse-N2 "
+                   "servers of the llama.cpp report)." if not bound else
+                   f"Compute-bound by this model: {', '.join(bound)}."), "",
+              "## Projected decode speed, MiniCPM5-2B", "",
+              "| engine / kernel | body GB | head GB | GB per token | body compute ms (2.6-2.3 GHz) | "
+              "memory ms at 44 GB/s | tok/s, overlap, 100% of 44 GB/s | tok/s, overlap, 75-85% | tok/s, serial, 75% | "
+              "reference system |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, fam, body_bytes, head_bytes, head_fmt, mem_s, comp_s in rows:
+        total_gb = (body_bytes + head_bytes) / 1e9
+        full = 1 / max(mem_s, comp_s[1])
+        frac = [1 / max(mem_s / e, comp_s[1]) for e in LLAMA_FRACTION]
+        serial = 1 / (mem_s / LLAMA_FRACTION[0] + comp_s[1])
+        lines.append(f"| {name} | {body_bytes / 1e9:.3f} | {head_bytes / 1e9:.3f} ({head_fmt}) | {total_gb:.3f} | "
+                     f"{comp_s[0] * 1e3:.1f}-{comp_s[1] * 1e3:.1f} | {mem_s * 1e3:.1f} | {full:.1f} | "
+                     f"{frac[0]:.1f}-{frac[1]:.1f} | {serial:.1f} | {REFERENCE[fam]} |")
+    by = {name: r for name, *r in [(r[0], r) for r in rows]}
+
+    def gb(name):
+        r = by[name]
+        return (r[2] + r[3]) / 1e9
+    s4, s4d, l4, s8, s8d, l8 = (c[0] for c in cases)
+    lines += ["", "Reading it:", "",
+              f"- The reference system's 7.73 tok/s (W4A8) and 4.69 (W8A8) are {7.73 * gb(s4):.1f} and "
+              f"{4.69 * gb(s8):.1f} GB/s at Shrike's bytes per token: {7.73 * gb(s4) / P1_READ_GBS:.0%} and "
+              f"{4.69 * gb(s8) / P1_READ_GBS:.0%} of the 44 GB/s.",
+              f"- Against llama.cpp the difference is the bytes per token ({gb(s4):.2f} vs {gb(l4):.2f} GB for int4, "
+              f"{gb(s8):.2f} vs {gb(l8):.2f} for int8): Shrike's lm_head is bf16, llama.cpp's Q6_K / Q8_0. At equal "
+              f"bandwidth fractions Shrike W4A8 is projected at {gb(l4) / gb(s4):.2f}x llama.cpp Q4_0 and W8A8 at "
+              f"{gb(l8) / gb(s8):.2f}x Q8_0.",
+              f"- Measured on x86 (FACTS.md section 8: Zen 5, 2 threads, 14.6-16.1 tok/s at 1.555 GB per token against "
+              f"46-58 GB/s STREAM) Shrike decoded this model at {X86_SHRIKE_FRACTION[0]:.0%}-{X86_SHRIKE_FRACTION[1]:.0%} "
+              f"of STREAM, llama.cpp at ~69%. If that carries over, Shrike W4A8 lands at "
+              f"{P1_READ_GBS * X86_SHRIKE_FRACTION[0] / gb(s4):.1f}-{P1_READ_GBS * X86_SHRIKE_FRACTION[1] / gb(s4):.1f} "
+              f"tok/s and W8A8 at {P1_READ_GBS * X86_SHRIKE_FRACTION[0] / gb(s8):.1f}-"
+              f"{P1_READ_GBS * X86_SHRIKE_FRACTION[1] / gb(s8):.1f}: the table is an upper bound until it runs there.",
+              f"- The A720's default Arm level is sve2 (SVE2 and I8MM present), whose batch-1 loops are the slowest "
+              f"modelled: W4A8 {mca_runs['sve2 W4A8-G128 rows_x_pass<1>']['cycles_per_32'] / mca_runs['dotprod W4A8-G128 rows_x_tile<1>']['cycles_per_32']:.2f}x "
+              f"and W8A8 {mca_runs['sve2 W8A8 rows_x_pass<1>']['cycles_per_32'] / mca_runs['dotprod W8A8 rows_x_tile<1>']['cycles_per_32']:.2f}x "
+              "the dotprod loop's cycles. Bandwidth-bound on the P1 that matters only in the serial model; on cores "
+              "with more bandwidth each it decides the speed.", ""]
+    out = args.out
+    with open(out, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    print(f"wrote {out}")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    for name in ("static",):
+    for name in ("static", "dynamic"):
         p = sub.add_parser(name)
         p.add_argument("--out-dir", default=os.path.join(REPO, "benchmarks/results"))
         p.add_argument("--tag", default=None)
         if name == "dynamic":
             p.add_argument("--layers", type=int, default=2)
+        else:
+            p.add_argument("--compiler", choices=("clang", "gcc"), default="clang",
+                           help="compiler of the assembly llvm-mca models (clang-19, or Debian's GCC 12 cross compiler)")
+    p = sub.add_parser("project")
+    p.add_argument("--mca", required=True, help="JSON written by `static`")
+    p.add_argument("--counts", required=True, help="JSON written by `dynamic`")
+    p.add_argument("--out", required=True)
     sub.add_parser("selftest")
     args = ap.parse_args(argv)
-    {"static": cmd_static, "selftest": cmd_selftest}[args.cmd](args)
+    {"static": cmd_static, "dynamic": cmd_dynamic, "project": cmd_project, "selftest": cmd_selftest}[args.cmd](args)
 
 
 if __name__ == "__main__":
