@@ -21,7 +21,8 @@ from shrike.quantization.schemes import SCHEMES
 from shrike.sampling.params import SamplingParams
 from shrike.synth import synthesize
 
-from test_model_tiny import _save_tiny
+from test_gemma3_tiny import tiny_config as tiny_gemma3_config
+from test_model_tiny import TOKENIZER_FILES, _save_tiny
 
 PROMPT = [(7 * i + 3) % 5000 + 10 for i in range(40)]
 SHARED_PREFIX = PROMPT[:33] + [11, 12, 13, 14, 15, 16, 17]  # its first two blocks are PROMPT's
@@ -34,10 +35,10 @@ def _quantize(src, dst, scheme: str, **kwargs):
     return dst
 
 
-def _engine(model_dir, compiled: bool, dtype: str = "auto", backend: str = "auto") -> LLMEngine:
+def _engine(model_dir, compiled: bool, dtype: str = "auto", backend: str = "auto", **settings) -> LLMEngine:
     return LLMEngine(EngineConfig(model=str(model_dir), dtype=dtype, max_model_len=256, max_num_seqs=4,
                                   max_num_batched_tokens=24, kv_cache_space=0.02, progress=False,
-                                  compiled_forward=compiled, kernel_backend=backend))
+                                  compiled_forward=compiled, kernel_backend=backend, **settings))
 
 
 def _recorded_run(engine: LLMEngine) -> tuple[list[torch.Tensor], list[list[int]]]:
@@ -60,8 +61,8 @@ def _recorded_run(engine: LLMEngine) -> tuple[list[torch.Tensor], list[list[int]
     return steps, tokens
 
 
-def _assert_same_logits(model_dir, dtype: str = "auto"):
-    compiled, eager = _engine(model_dir, True, dtype), _engine(model_dir, False, dtype)
+def _assert_same_logits(model_dir, dtype: str = "auto", **settings):
+    compiled, eager = _engine(model_dir, True, dtype, **settings), _engine(model_dir, False, dtype, **settings)
     assert compiled.runner.compiled is not None, compiled.runner.eager_reason
     assert eager.runner.compiled is None
     compiled_steps, compiled_tokens = _recorded_run(compiled)
@@ -182,3 +183,62 @@ def test_executor_rejects_inputs_outside_its_buffers(tiny_dirs, tmp_path):
     with pytest.raises(ValueError, match="num_tokens"):
         compiled.run(1, 10 ** 6, 1)
     assert math.isfinite(compiled.run(1, 1, 1).sum().item())
+
+
+@pytest.fixture(scope="module")
+def gemma3_dir(tmp_path_factory, default_model_dir):
+    """A tiny random Gemma 3 (4-token sliding window, soft-capping, linear RoPE scaling) with SmolLM2's vocabulary."""
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.Gemma3ForCausalLM(tiny_gemma3_config(vocab_size=49152, max_position_embeddings=256)).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.copy_(torch.randn_like(parameter) * 0.2)
+    directory = tmp_path_factory.mktemp("gemma3")
+    model.save_pretrained(directory)
+    for name in TOKENIZER_FILES:
+        shutil.copy(default_model_dir / name, directory / name)
+    return directory
+
+
+def test_gemma3_on_the_executor_equals_eager_past_the_window(gemma3_dir):
+    """fp32: every step's logits bit for bit, prompts far past the 4-token window."""
+    _assert_same_logits(gemma3_dir, "float32")
+
+
+def test_gemma3_quantized_on_the_executor_equals_eager(gemma3_dir, tmp_path):
+    _assert_same_logits(_quantize(gemma3_dir, tmp_path / "q", "w4a8-g32"))
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "minicpm"])
+def test_int8_kv_cache_logits_are_bit_identical(tiny_dirs, tmp_path, kind):
+    _assert_same_logits(_quantize(tiny_dirs[kind], tmp_path / "q", "w8a8"), kv_cache_dtype="int8")
+
+
+def test_a_python_op_splits_the_tape_with_the_same_logits(tiny_dirs, tmp_path, monkeypatch):
+    """A plugin op without a C++ entry (here silu_mul as a Python function) runs between executor
+    segments on the executor's own buffers; the step's logits stay those of the eager model."""
+    from shrike.model import loader
+    from shrike.ops import silu_mul_reference
+    from shrike.plugins import PluginRegistrar, build_registry
+
+    calls = []
+
+    def python_silu_mul(gate_up, out):
+        calls.append(gate_up.shape[0])
+        silu_mul_reference(gate_up, out)
+
+    def registry_with_the_plugin_op():
+        registry = build_registry(environ={"SHRIKE_PLUGINS": ""})
+        PluginRegistrar(registry, "python-silu").register_op("silu_mul", python_silu_mul)
+        return registry
+
+    monkeypatch.setattr(loader, "build_registry", registry_with_the_plugin_op)
+    quantized = _quantize(tiny_dirs["qwen2"], tmp_path / "q", "w4a8-g32")
+    engine = _engine(quantized, True)
+    described = engine.runner.compiled.describe()
+    assert described["python_ops"] == ["silu_mul"] * engine.runner.model.config.num_layers
+    assert described["segments"] == 2 * engine.runner.model.config.num_layers + 1
+    _assert_same_logits(quantized)
+    assert calls and max(calls) == 24  # whole prefill chunks: the op sees the step's rows, not the buffers' capacity
