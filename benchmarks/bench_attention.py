@@ -17,7 +17,7 @@ import time
 import torch
 
 from shrike import _C
-from shrike.layers import kv_int8
+from shrike import kv_int8
 
 
 def make_case(context: int, q_len: int, heads: int, kv_heads: int, head_dim: int, block_size: int, kv: str,

@@ -9,8 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from shrike import _C
-from shrike.layers import kv_int8
-from shrike.layers.attention import KVCache, read_cache, visible_keys
+from shrike import kv_int8
+from shrike.layers.attention import KVCache
+from shrike.ops import read_cache, visible_keys
 
 _KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 _KERNEL_CACHE_DTYPES = (torch.float32, torch.bfloat16, torch.int8)

@@ -21,7 +21,7 @@ import torch
 from pathlib import Path
 
 from shrike import _C
-from shrike.layers import kv_int8
+from shrike import kv_int8
 from test_attention import make_batch, poison_outside_windows, sdpa_float64
 from test_kv_int8 import int8_batch
 

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from shrike import _C, kernels
-from shrike.layers.rotary import apply_rotary
+from shrike.ops import apply_rotary
 
 DTYPES = [torch.float32, torch.bfloat16]
 

@@ -16,7 +16,7 @@ from shrike import _C
 from shrike.cli import main
 from shrike.engine.llm_engine import EngineConfig, LLMEngine
 from shrike.errors import ConfigError
-from shrike.layers import kv_int8
+from shrike import kv_int8
 from shrike.layers.attention import KVCache
 from shrike.layers.kv_dtypes import resolve_kv_cache_dtype
 from shrike.ops import rope_write_kv_reference

@@ -23,9 +23,7 @@ import torch.nn.functional as F
 
 from shrike import _C
 from shrike.kernels import DenseTileWeight
-from shrike.layers import kv_int8
-from shrike.layers.attention import read_cache, visible_keys
-from shrike.layers.rotary import apply_rotary
+from shrike import kv_int8
 from shrike.registry import Registry
 
 # The op names, in the order a decoder step runs them.
@@ -67,6 +65,33 @@ def head_rmsnorm_reference(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: 
     rmsnorm_reference(q.reshape(tokens, num_heads, head_dim), q_weight, q_out, eps)
     rmsnorm_reference(k.reshape(tokens, num_kv_heads, head_dim), k_weight, k_out, eps)
     out.copy_(torch.cat((q_out.reshape(tokens, -1), k_out.reshape(tokens, -1), v), dim=-1))
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: (T, heads, head_dim); cos/sin: (T, head_dim) fp32. Rotate-half convention."""
+    cos = cos.to(x.dtype)[:, None, :]
+    sin = sin.to(x.dtype)[:, None, :]
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def read_cache(cache: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """cache[slots] as values of `dtype`: int8 rows dequantized, float caches converted."""
+    rows = cache[slots]
+    return (kv_int8.dequantize(rows) if cache.dtype == torch.int8 else rows).to(dtype)
+
+
+def visible_keys(q_len: int, context: int, sliding_window: int = 0) -> tuple[int, torch.Tensor]:
+    """(first key position any query sees, (q_len, context - first) bool mask of what each sees).
+
+    Query j sits at position context - q_len + j and sees keys up to it, and with a sliding window
+    W > 0 only the last W of them. Keys before the first are never read (their blocks may be reused)."""
+    first = max(0, context - q_len - sliding_window + 1) if sliding_window > 0 else 0
+    q_pos = torch.arange(context - q_len, context)[:, None]
+    keys = torch.arange(first, context)[None, :]
+    mask = keys <= q_pos
+    return first, (mask & (keys > q_pos - sliding_window) if sliding_window > 0 else mask)
 
 
 def rope_write_kv_reference(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slot_mapping: torch.Tensor,

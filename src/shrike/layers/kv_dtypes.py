@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import torch
 
 from shrike.errors import ConfigError
-from shrike.layers import kv_int8
+from shrike import kv_int8
 
 
 @dataclass(frozen=True)

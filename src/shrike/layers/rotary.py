@@ -72,12 +72,3 @@ class RotaryEmbedding:
         if self.long_threshold is not None and use_long is not None and bool(use_long.any()):
             table = torch.where(use_long[None, :, None], self.cos_sin_long[:, positions], table)
         return table[0], table[1]
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: (T, heads, head_dim); cos/sin: (T, head_dim) fp32. Rotate-half convention."""
-    cos = cos.to(x.dtype)[:, None, :]
-    sin = sin.to(x.dtype)[:, None, :]
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
