@@ -1,5 +1,5 @@
 """Python time per engine step: LLMEngine.step and ModelRunner.step minus the time inside the
-compiled forward's C++ call, batch-1 decode (default: 200 steps after 20 warm-up steps).
+executor's C++ calls, batch-1 decode (default: 200 steps after 20 warm-up steps).
 
     python benchmarks/bench_step_overhead.py MODEL_DIR [--steps 200] [--batch 1] [--eager]
 
@@ -34,9 +34,14 @@ class _Timed:
             self.cpu.append(time.thread_time() - start_cpu)
 
 
-class _TimedPlan:
-    def __init__(self, plan):
-        self.plan, self.run = plan, _Timed(plan.run)
+class _TimedExecutor:
+    """The executor's methods the step calls, with `run` (one call per tape segment) timed."""
+
+    def __init__(self, exe):
+        self.exe, self.run = exe, _Timed(exe.run)
+
+    def __getattr__(self, name):
+        return getattr(self.exe, name)
 
 
 def main() -> None:
@@ -50,10 +55,10 @@ def main() -> None:
     engine = LLMEngine(EngineConfig(model=args.model, max_model_len=1024, kv_cache_space=0.25,
                                     compiled_forward=not args.eager, progress=False))
     runner = engine.runner
-    print(f"compiled forward: {'yes' if runner.compiled else 'no (' + runner.plan_blocker + ')'}")
+    print(f"op executor: {runner.compiled.describe() if runner.compiled else 'no (' + runner.eager_reason + ')'}")
     forward_name = "_run_compiled" if runner.compiled else "_run_eager"
     if runner.compiled:
-        runner.compiled.plan = _TimedPlan(runner.compiled.plan)
+        runner.compiled.exe = _TimedExecutor(runner.compiled.exe)
     forward = _Timed(getattr(runner, forward_name))
     setattr(runner, forward_name, forward)
     runner.step = step = _Timed(runner.step)
@@ -67,7 +72,7 @@ def main() -> None:
     for _ in range(total):
         engine_step()
     n = args.steps
-    inner = runner.compiled.plan.run if runner.compiled else forward
+    inner = runner.compiled.exe.run if runner.compiled else forward
     ms = lambda xs: statistics.median(xs[-n:]) * 1e3  # noqa: E731
     minus = lambda a, b: [x - y for x, y in zip(a[-n:], b[-n:])]  # noqa: E731
     print(f"batch {args.batch}, {n} decode steps, medians in ms: wall / main-thread CPU")

@@ -186,7 +186,11 @@ def _plugin_section(problems: list[str], kernels_load: bool) -> dict[str, Any]:
     except ConfigError as error:
         problems.append(str(error))
         return {"installed": installed, "error": str(error)}
-    return {"installed": installed, **registry.describe()}
+    table = registry.op_table()
+    # An op without a built-in C++ entry runs in Python: the executor stops before each of its calls.
+    tape_breaks = {name: f"{impl.source} ({impl.provider})" for name, impl in sorted(table.chosen.items())
+                   if not table.is_builtin(name)}
+    return {"installed": installed, **registry.describe(), "tape_breaks": tape_breaks}
 
 
 def collect_report(config: EngineConfig, sysfs_root: str = "/sys", procfs_root: str = "/proc") -> dict[str, Any]:
@@ -306,6 +310,10 @@ def _format_plugins(plugins: dict) -> list[str]:
                 f"{title:<13} {name} -> {chosen['source']} ({chosen['provider']})" + (f"; also: {others}" if others else "")
             )
             title = ""
+    breaks = plugins.get("tape_breaks", {})
+    lines.append("Executor      " + ("every op runs on the C++ executor" if not breaks else
+                 "these ops run in Python and split each step's op tape (a return to Python and back per call, "
+                 "each layer that uses them): " + ", ".join(f"{op} -> {source}" for op, source in breaks.items())))
     return lines
 
 
