@@ -281,7 +281,8 @@ def mca(insns: list[Item], mcpu: str, iterations: int = 200) -> dict:
 
     def field(name):
         return float(re.search(rf"^{name}:\s+([\d.]+)", out, re.M).group(1))
-    return {"cycles": field("Total Cycles") / field("Iterations"), "instructions": field("Instructions") / field("Iterations"),
+    units = sorted(set(re.findall(r"^\[[\d.]+\]\s+- (\w+)", out, re.M)))
+    return {"units": units, "cycles": field("Total Cycles") / field("Iterations"), "instructions": field("Instructions") / field("Iterations"),
             "rthroughput": field("Block RThroughput"), "ipc": field("IPC")}
 
 
@@ -400,7 +401,7 @@ def model_kernel(kern: Kernel, asm: str) -> dict:
         "cycles_per_32": res["cycles"] * per32, "instructions_per_32": len(block) * per32,
         "rthroughput_per_32": res["rthroughput"] * per32,
         "dot_instructions_per_32": sum(1 for x in block if macs(x)) * per32,
-        "same_as_neoverse_n2": abs(alt["cycles"] - res["cycles"]) < 1e-9,
+        "same_as_neoverse_n2": abs(alt["cycles"] - res["cycles"]) < 1e-9, "sched_units": res["units"],
         "block": [x.text for x in block],
     }
 
@@ -424,7 +425,8 @@ def cmd_static(args) -> None:
             "compile_flags": flags,
             "llvm_mca": "llvm-mca " + re.search(r"LLVM version ([\d.]+)", run([MCA, "--version"]).stdout).group(1),
             "llama_cpp": os.path.basename(os.path.dirname(os.path.dirname(vendor))), "group": GROUP,
-            "all_same_as_neoverse_n2": all(k.result["same_as_neoverse_n2"] for k in ks)}
+            "all_same_as_neoverse_n2": all(k.result["same_as_neoverse_n2"] for k in ks),
+            "sched_units": sorted({u for k in ks for u in k.result["sched_units"]})}
     tag = args.tag or datetime.datetime.utcnow().strftime("%Y%m%d")
     if args.compiler == "gcc":
         tag = f"gcc-{tag}"
@@ -443,8 +445,9 @@ def static_markdown(ks: list[Kernel], meta: dict) -> str:
     out = [f"# llvm-mca: Shrike vs llama.cpp Arm kernel loops ({meta['date']})", "",
            f"`python benchmarks/arm_kernels.py static{'' if 'clang' in meta['compiler'] else ' --compiler gcc'}` — "
            f"compiled by {meta['compiler']} with {meta['compile_flags']}; {meta['llvm_mca']} "
-           f"`-mcpu={meta['mcpu']}` (LLVM schedules it with its Neoverse-N2 model: identical results with "
-           f"`-mcpu=neoverse-n2` for every block: {meta['all_same_as_neoverse_n2']}); llama.cpp from {meta['llama_cpp']}.",
+           f"`-mcpu={meta['mcpu']}`: LLVM has no model of its own for that core and schedules it with its Neoverse-N2 "
+           f"model (resources {', '.join(meta['sched_units'][:3])}, ...; identical cycles with `-mcpu=neoverse-n2` for "
+           f"every block: {meta['all_same_as_neoverse_n2']}); llama.cpp from {meta['llama_cpp']}.",
            "", "Per 32 weights per activation row (= per 32 int8 multiply-adds); all data in L1 (llvm-mca has no "
            "memory model). Shrike W4A8 blocks are one whole group of 128 (K loop x trips + group epilogue); ggml "
            "blocks are one 32-weight block (scales inside).", ""]
@@ -714,15 +717,17 @@ def cmd_project(args) -> None:
              f"`{os.path.relpath(args.mca, REPO)}` (llvm-mca) and `{os.path.relpath(args.counts, REPO)}` (qemu counts). "
              "Nothing here was run on an Arm CPU: it is a model, with every input listed.", "", "## Assumptions", "",
              f"- {P1_CORES} A720 cores compute (Shrike binds to them by itself; the A520s are left out), at "
-             f"{f_lo}-{f_hi} GHz (the cpufreq maxima reported for the P1's A720 cores: most at 2.3, one cluster's "
-             "first core at 2.6; CIX states 2.6 / 2.5 GHz for the big cores).",
+             f"{f_lo}-{f_hi} GHz (cpufreq maxima of the P1's A720 cores as listed for a Radxa Orion O6 in sbc-bench "
+             "issue 115: 2600 MHz for cpu0, 2300 for the others listed; CIX's developers state 2.6 / 2.5 GHz for the "
+             "big cores in geerlingguy/sbc-reviews issue 62).",
              f"- Memory: {P1_READ_GBS:.0f} GB/s read, the STREAM-like figure measured on the board with 12 threads "
              "(102 GB/s on paper). llama.cpp decodes at about 75-85% of it there (3B and 8B models through Ollama).",
              "- Per token, every weight is read once from DRAM (2B parameters do not fit the caches); KV cache, "
              "norms, embedding row and attention are left out (a 43-token prompt adds ~4 MB of KV reads).",
              "- Kernel cycles per 32 weights are llvm-mca's (LLVM 19's Neoverse-N2 model, which it uses for "
              "-mcpu=cortex-a720), with all operands in L1: a lower bound on the core's time, which assumes the A720's "
-             "SIMD back end (2 x 128-bit pipes, sdot latency 3) matches the N2's.",
+             "SIMD back end matches the N2's as LLVM models it (2 x 128-bit pipes; 3-cycle sdot latency, seen in the "
+             "single-accumulator SVE2 loops: 4 chained sdot per 12 cycles).",
              "- lm_head: Shrike keeps it bf16 (0.53 GB/token) on its dense kernel, whose Arm loop is not modelled here; "
              "llama-quantize stores it Q6_K for Q4_0 and Q8_0 for Q8_0. The head's time is counted as memory time only.",
              f"- Compute time of the body = {BODY_WEIGHTS:,} weights / 32 x cycles per 32 / ({P1_CORES} cores x clock); "
@@ -770,7 +775,7 @@ def cmd_project(args) -> None:
         lines.append(f"| {name} | {body_bytes / 1e9:.3f} | {head_bytes / 1e9:.3f} ({head_fmt}) | {total_gb:.3f} | "
                      f"{comp_s[0] * 1e3:.1f}-{comp_s[1] * 1e3:.1f} | {mem_s * 1e3:.1f} | {full:.1f} | "
                      f"{frac[0]:.1f}-{frac[1]:.1f} | {serial:.1f} | {REFERENCE[fam]} |")
-    by = {name: r for name, *r in [(r[0], r) for r in rows]}
+    by = {r[0]: r for r in rows}
 
     def gb(name):
         r = by[name]
