@@ -178,10 +178,15 @@ def resolve(items: list[Item], labels: dict, at: int, target: str) -> int | None
     return cands[0] if cands else None
 
 
+MAC_KIND = "int8"  # "int8": dot/matrix instructions carry the multiply-adds; "fp32": fmla .4s (the bf16 dense loop)
+
+
 def macs(insn: Item, vl_bits: int = 128) -> int:
-    """int8 multiply-adds of one dot-product instruction (SVE counted at vl_bits)."""
+    """Multiply-adds of one instruction of the modelled kind (SVE counted at vl_bits)."""
     parts = insn.text.split(None, 1)
     m, ops = insn.mnemonic, parts[1] if len(parts) > 1 else ""
+    if MAC_KIND == "fp32":
+        return 4 if m == "fmla" and ops.split(",")[0].endswith(".4s") and "[" not in ops else 0
     seg = vl_bits // 128
     if m in ("sdot", "udot", "usdot", "sudot"):
         if ops.startswith("z"):
@@ -302,6 +307,7 @@ class Kernel:
     inner_k: int = 0  # K per K-loop iteration, for nest 2
     note: str = ""
     want_sve: bool | None = None
+    mac_kind: str = "int8"
     result: dict = field(default_factory=dict)
 
 
@@ -347,6 +353,9 @@ def kernels() -> list[Kernel]:
                note="i8mm"),
         Kernel("llama.cpp", "int8", "ggml_gemm_q8_0_4x4_q8_0", "llama_repack", "ggml_gemm_q8_0_4x4_q8_0", "prefill", 4,
                note="dotprod"),
+        # Shrike's bf16 dense GEMV (the bf16 lm_head at decode): 1 row x 2 columns, fp32 fma on widened bf16
+        Kernel("shrike", "bf16", "dotprod dense bf16 block<1,2>", "DOTPROD", "mca_dense_bf16_r1c2", "decode", 1,
+               note="lm_head of the W4A8/W8A8 checkpoints (bf16); no llama.cpp counterpart modelled", mac_kind="fp32"),
     ]
     return k
 
@@ -378,6 +387,8 @@ def compile_asm(vendor: str, compiler: str) -> dict:
 
 
 def model_kernel(kern: Kernel, asm: str) -> dict:
+    global MAC_KIND
+    MAC_KIND = kern.mac_kind
     items = function_items(asm, kern.symbol)
     inner = innermost_dot_region(items, kern.want_sve)
     inner_insns = [x for x in items[inner.start:inner.end + 1] if x.kind == "insn"]
@@ -451,7 +462,8 @@ def static_markdown(ks: list[Kernel], meta: dict) -> str:
            "", "Per 32 weights per activation row (= per 32 int8 multiply-adds); all data in L1 (llvm-mca has no "
            "memory model). Shrike W4A8 blocks are one whole group of 128 (K loop x trips + group epilogue); ggml "
            "blocks are one 32-weight block (scales inside).", ""]
-    for fam, title in (("int4", "int4 weights: Shrike W4A8-G128 vs ggml Q4_0"), ("int8", "int8 weights: Shrike W8A8 vs ggml Q8_0")):
+    for fam, title in (("int4", "int4 weights: Shrike W4A8-G128 vs ggml Q4_0"), ("int8", "int8 weights: Shrike W8A8 vs ggml Q8_0"),
+                       ("bf16", "bf16 weights: Shrike's dense GEMV (the lm_head); multiply-adds are fmla lanes")):
         out += [f"## {title}", "", "| shape | engine | kernel | rows | cycles / 32 | instructions / 32 | dot instr / 32 | "
                 "resource bound cycles / 32 | IPC | note |", "|---|---|---|---|---|---|---|---|---|---|"]
         for shape in ("decode", "prefill"):
@@ -518,9 +530,16 @@ KERNEL_RE = re.compile(r"w4a8_tiles|w8a8_tiles|rows_x_|pairs_x_|ggml_gemv_|ggml_
 QUANT_RE = re.compile(r"quantize|row_sum|act_quant")
 
 
-def build_driver(vendor: str) -> str:
+GGML_ARCH = {  # ggml builds: "a720" = the A720's features (-mcpu=native there), "dotprod" = a Cortex-A76-class CPU
+    "a720": ("armv9-a+sve2+i8mm+dotprod", ""),
+    "dotprod": ("armv8.2-a+dotprod", "-dotprod"),
+}
+
+
+def build_driver(vendor: str, peer: str = "a720") -> str:
     """Shrike's kernel library (as .ci/arm-kernels.sh builds it), ggml's CPU backend and the driver, for aarch64."""
-    shrike_build, ggml_build = os.path.join(WORK, "shrike-build"), os.path.join(WORK, "ggml-build")
+    arch, suffix = GGML_ARCH[peer]
+    shrike_build, ggml_build = os.path.join(WORK, "shrike-build"), os.path.join(WORK, f"ggml-build{suffix}")
     if not os.path.exists(os.path.join(shrike_build, "CMakeCache.txt")):
         run(["cmake", "-S", os.path.join(REPO, "csrc/tests"), "-B", shrike_build,
              f"-DCMAKE_TOOLCHAIN_FILE={AARCH64_TOOLCHAIN}"])
@@ -530,13 +549,13 @@ def build_driver(vendor: str) -> str:
         # The CPU features of an A720 build (-mcpu=native there): SVE2, I8MM, dotprod; the SVE vector length is
         # read at run time (128 bits under QEMU_SVE128, as on the A720), so ggml picks its 4x8 repacked kernels.
         run(["cmake", "-S", vendor, "-B", ggml_build, f"-DCMAKE_TOOLCHAIN_FILE={AARCH64_TOOLCHAIN}",
-             "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=OFF", "-DGGML_CPU_ARM_ARCH=armv9-a+sve2+i8mm+dotprod",
+             "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=OFF", f"-DGGML_CPU_ARM_ARCH={arch}",
              "-DBUILD_SHARED_LIBS=OFF", "-DGGML_OPENMP=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
              "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_TOOLS=OFF", "-DLLAMA_BUILD_SERVER=OFF",
              "-DLLAMA_BUILD_COMMON=OFF"])
     print("== building ggml's CPU backend (aarch64; a few minutes on one core the first time)", flush=True)
     run(["cmake", "--build", ggml_build, "--target", "ggml-cpu", "ggml-base", "-j1"])
-    driver = os.path.join(WORK, "decode_count")
+    driver = os.path.join(WORK, f"decode_count{suffix}")
     libs = [os.path.join(shrike_build, "libshrike_kernels.a"), os.path.join(ggml_build, "ggml/src/libggml-cpu.a"),
             os.path.join(ggml_build, "ggml/src/libggml-base.a")]
     run(["aarch64-linux-gnu-g++", "-std=c++17", "-O2", "-static", "-DSHRIKE_AARCH64=1", f"-I{REPO}/csrc",
@@ -608,12 +627,14 @@ def count_instructions(driver: str, argv: list[str], cpu: str, env: dict) -> dic
 def cmd_dynamic(args) -> None:
     ensure_tools(need_qemu=True)
     vendor = llama_cpp_dir()
-    driver = build_driver(vendor)
+    drivers = {"a720": build_driver(vendor, "a720")}
+    if args.dotprod_peer:
+        drivers["dotprod"] = build_driver(vendor, "dotprod")
     weights_per_layer = sum(n * k for n, k in ((2048, 2048), (256, 2048), (256, 2048), (2048, 2048), (6144, 2048),
                                                (6144, 2048), (2048, 6144)))
     weights = weights_per_layer * args.layers
-    # ggml is built for the A720's features (SVE2, I8MM), so it runs only on a CPU model that has them: its
-    # dotprod-only 4x4 kernels (Cortex-A76 class) are in the static table, not counted here.
+    # ggml is built for the A720's features (SVE2, I8MM), so it runs only on a CPU model that has them; with
+    # --dotprod-peer a second ggml build for a dotprod-only CPU (Cortex-A76 class) runs its 4x4 kernels.
     configs = [  # (label, engine, format, qemu cpu, env)
         ("Shrike W4A8-G128, sve2 (default on SVE2+I8MM CPUs such as the A720)", "shrike", "int4", QEMU_SVE128,
          {"SHRIKE_ISA": "sve2"}),
@@ -624,10 +645,20 @@ def cmd_dynamic(args) -> None:
         ("Shrike W8A8, dotprod", "shrike", "int8", QEMU_SVE128, {"SHRIKE_ISA": "dotprod"}),
         ("llama.cpp Q8_0, repacked (SVE 128 + I8MM: q8_0_4x8)", "llama", "int8", QEMU_SVE128, {}),
     ]
+    configs = [(*c, "a720") for c in configs]
+    if args.dotprod_peer:
+        configs += [("llama.cpp Q4_0, repacked (Cortex-A76, dotprod only: q4_0_4x4)", "llama", "int4", "cortex-a76", {},
+                     "dotprod"),
+                    ("llama.cpp Q8_0, repacked (Cortex-A76, dotprod only: q8_0_4x4)", "llama", "int8", "cortex-a76", {},
+                     "dotprod"),
+                    ("Shrike W4A8-G128 on a Cortex-A76 (dotprod)", "shrike", "int4", "cortex-a76", {}, "dotprod"),
+                    ("Shrike W8A8 on a Cortex-A76 (dotprod)", "shrike", "int8", "cortex-a76", {}, "dotprod")]
+    if args.only:
+        configs = [c for c in configs if args.only in c[0]]
     rows = []
-    for label, engine, fmt, cpu, env in configs:
+    for label, engine, fmt, cpu, env, peer in configs:
         print(f"== {label}", flush=True)
-        r = count_instructions(driver, [engine, fmt, str(args.layers)], cpu, env)
+        r = count_instructions(drivers[peer], [engine, fmt, str(args.layers)], cpu, env)
         wbytes = float(r["info"]["weight_bytes"])
         r.update({"label": label, "engine": engine, "format": fmt, "qemu_cpu": cpu, "env": env, "weights": weights,
                   "weight_bytes": wbytes, "instructions_per_weight_byte": r["total"] / wbytes,
@@ -685,6 +716,7 @@ LLAMA_FRACTION = (0.75, 0.85)  # of that bandwidth llama.cpp decodes at on this 
 BODY_WEIGHTS = 42 * 47_185_920  # MiniCPM5-2B: 42 layers x (q, k, v, o, gate, up, down)
 HEAD_WEIGHTS = 130_560 * 2048  # lm_head (untied)
 REFERENCE = {"int4": 7.73, "int8": 4.69}
+DENSE_KERNEL = "dotprod dense bf16 block<1,2>"
 # Shrike's decode on x86 as a fraction of STREAM read (FACTS.md section 8): 14.6-16.1 tok/s x 1.555 GB against 46-58 GB/s
 X86_SHRIKE_FRACTION = (14.6 * 1.555 / 58, 16.1 * 1.555 / 46)  # the reference system on the board, tok/s (FACTS.md section 9)
 
@@ -728,10 +760,12 @@ def cmd_project(args) -> None:
              "-mcpu=cortex-a720), with all operands in L1: a lower bound on the core's time, which assumes the A720's "
              "SIMD back end matches the N2's as LLVM models it (2 x 128-bit pipes; 3-cycle sdot latency, seen in the "
              "single-accumulator SVE2 loops: 4 chained sdot per 12 cycles).",
-             "- lm_head: Shrike keeps it bf16 (0.53 GB/token) on its dense kernel, whose Arm loop is not modelled here; "
-             "llama-quantize stores it Q6_K for Q4_0 and Q8_0 for Q8_0. The head's time is counted as memory time only.",
-             f"- Compute time of the body = {BODY_WEIGHTS:,} weights / 32 x cycles per 32 / ({P1_CORES} cores x clock); "
-             "threads split the output columns evenly, no synchronisation cost.",
+             "- lm_head: Shrike keeps it bf16 (0.53 GB/token) on its dense GEMV (`dense_dotprod.cpp`, modelled like the "
+             "others: block<1,2>, bf16 widened to fp32 and fmla); llama-quantize stores it Q6_K for Q4_0 and Q8_0 for "
+             "Q8_0, whose GEMV is not modelled here, so llama.cpp's head counts as memory time only.",
+             f"- Compute time = ({BODY_WEIGHTS:,} body weights x cycles per 32 + {HEAD_WEIGHTS:,} head weights x the "
+             f"dense loop's cycles per 32) / 32 / ({P1_CORES} cores x clock); threads split the output columns evenly, "
+             "no synchronisation cost; activation quantization, attention and norms left out.",
              "- Decode time per token is bracketed by two models: overlap (time = max(memory, compute), a perfect "
              "prefetching roofline) and serial (memory + compute, nothing hidden).", "",
              "## Bandwidth-bound or compute-bound", "",
@@ -754,8 +788,16 @@ def cmd_project(args) -> None:
                      f"{consume:.2f} | {deliver_lo:.2f}-{deliver_hi:.2f} | {consume / deliver_hi:.1f}-{consume / deliver_lo:.1f}x | "
                      f"{verdict} |")
         mem_s = (body_bytes + head_bytes) / (P1_READ_GBS * 1e9)
-        comp_s = [BODY_WEIGHTS / 32 * cyc32 / (P1_CORES * f * 1e9) for f in (f_hi, f_lo)]
+        # Shrike's bf16 head runs the dense GEMV whose loop is modelled; llama.cpp's Q6_K / Q8_0 head is not.
+        head_cyc32 = mca_runs[DENSE_KERNEL]["cycles_per_32"] if head_fmt == "bf16" else 0.0
+        comp_s = [(BODY_WEIGHTS * cyc32 + HEAD_WEIGHTS * head_cyc32) / 32 / (P1_CORES * f * 1e9) for f in (f_hi, f_lo)]
         rows.append((name, fam, body_bytes, head_bytes, head_fmt, mem_s, comp_s))
+    dense = mca_runs[DENSE_KERNEL]
+    consume = 64 / dense["cycles_per_32"]
+    consume_of["Shrike bf16 dense GEMV (lm_head)"] = consume
+    lines.append(f"| Shrike bf16 dense GEMV (lm_head) | {dense['cycles_per_32']:.2f} | - | 64.00 | {consume:.2f} | "
+                 f"{deliver_lo:.2f}-{deliver_hi:.2f} | {consume / deliver_hi:.1f}-{consume / deliver_lo:.1f}x | "
+                 f"{'bandwidth-bound' if consume > deliver_hi else 'compute-bound'} |")
     headroom = [consume_of[n] / (P1_READ_GBS / (P1_CORES * f_lo)) for n in consume_of]
     bound = [n for n in consume_of if consume_of[n] <= P1_READ_GBS / (P1_CORES * f_lo)]
     lines += ["", (f"Every decode kernel, the slowest included, consumes weight bytes at least {min(headroom):.1f}x as fast "
@@ -764,7 +806,7 @@ def cmd_project(args) -> None:
                    "servers of the llama.cpp report)." if not bound else
                    f"Compute-bound by this model: {', '.join(bound)}."), "",
               "## Projected decode speed, MiniCPM5-2B", "",
-              "| engine / kernel | body GB | head GB | GB per token | body compute ms (2.6-2.3 GHz) | "
+              "| engine / kernel | body GB | head GB | GB per token | compute ms (2.6-2.3 GHz) | "
               "memory ms at 44 GB/s | tok/s, overlap, 100% of 44 GB/s | tok/s, overlap, 75-85% | tok/s, serial, 75% | "
               "reference system |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name, fam, body_bytes, head_bytes, head_fmt, mem_s, comp_s in rows:
@@ -816,6 +858,9 @@ def main(argv=None) -> None:
         p.add_argument("--tag", default=None)
         if name == "dynamic":
             p.add_argument("--layers", type=int, default=2)
+            p.add_argument("--dotprod-peer", action="store_true",
+                           help="also build ggml for a dotprod-only CPU and count its 4x4 kernels under -cpu cortex-a76")
+            p.add_argument("--only", default=None, help="run only the configurations whose label contains this")
         else:
             p.add_argument("--compiler", choices=("clang", "gcc"), default="clang",
                            help="compiler of the assembly llvm-mca models (clang-19, or Debian's GCC 12 cross compiler)")

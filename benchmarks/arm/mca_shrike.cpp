@@ -10,6 +10,7 @@
 #include "linear/linear.h"
 
 #if defined(SHRIKE_MCA_DOTPROD)
+#include "dense/dense_dotprod.cpp"
 #include "linear/w4a8_dotprod.cpp"
 #include "linear/w8a8_dotprod.cpp"
 using namespace shrike::dotprod;
@@ -38,6 +39,10 @@ __attribute__((flatten)) void mca_w4a8_rows1(const W4A8Problem& p, int64_t i0, i
 __attribute__((flatten)) void mca_w4a8_rows4(const W4A8Problem& p, int64_t i0, int64_t t) { ROWS(4, p); }
 __attribute__((flatten)) void mca_w8a8_rows1(const W8A8Problem& p, int64_t i0, int64_t t) { ROWS(1, p); }
 __attribute__((flatten)) void mca_w8a8_rows4(const W8A8Problem& p, int64_t i0, int64_t t) { ROWS(4, p); }
+// bf16 x bf16 dense block of 1 row x 2 columns: what the bf16 lm_head runs at decode (walk_2x2).
+__attribute__((flatten)) void mca_dense_bf16_r1c2(const shrike::DenseProblem& p, int64_t r0, int64_t c0) {
+  block<1, 2, shrike::bf16, shrike::bf16>(p, r0, c0);
+}
 #elif defined(SHRIKE_MCA_I8MM)
 __attribute__((flatten)) void mca_w4a8_pairs1(const W4A8Problem& p, const int64_t* row_a, const int64_t* row_b, int64_t t) { PAIRS(1, p); }
 __attribute__((flatten)) void mca_w4a8_pairs2(const W4A8Problem& p, const int64_t* row_a, const int64_t* row_b, int64_t t) { PAIRS(2, p); }
