@@ -18,7 +18,8 @@ import torch
 from shrike import _C
 from shrike.kernels import DenseTileWeight
 from shrike.layers.linear import DenseLinear, weight_for_op
-from shrike.ops import dense_linear_kernel, dense_linear_reference
+from shrike.executor.step import EagerStep
+from shrike.ops import builtin_op_table, dense_linear_kernel, dense_linear_reference
 from shrike.plugins import build_registry
 
 VARIANTS = list(_C.available_isas())
@@ -201,13 +202,15 @@ def test_tile_order_reference_against_float64(out_dtype):
 
 def test_dense_linear_layer_and_the_registered_ops_agree():
     x, w, bias = operands(6, 50, 96, torch.bfloat16, torch.bfloat16, seed=3)
-    layer = DenseLinear(w, bias)
-    y = layer(x.reshape(2, 3, 96))
-    assert y.shape == (2, 3, 50) and y.dtype == torch.bfloat16
-    assert torch.equal(y.reshape(6, 50), dense(_C.active_isa(), x, w, bias, torch.bfloat16))
+    ops = builtin_op_table()
+    layer = DenseLinear(w, bias, ops.dense_linear)
+    step = EagerStep.prefill(ops, torch.zeros(6, dtype=torch.int64), 16, torch.arange(6))
+    y = layer(step, x, step.tokens)
+    assert y.shape == (6, 50) and y.dtype == torch.bfloat16
+    assert torch.equal(y, dense(_C.active_isa(), x, w, bias, torch.bfloat16))
     registry = build_registry()
-    assert registry.resolve_op("dense_linear").target is dense_linear_kernel  # _C.dense_linear, float32 bias
-    reference = registry.resolve_op("dense_linear", "reference")
+    assert registry.op_table().chosen["dense_linear"].target is dense_linear_kernel  # _C.dense_linear, float32 bias
+    reference = registry.op_table("reference").chosen["dense_linear"]
     assert reference.source == "reference" and reference.target is dense_linear_reference
     for x_dtype, w_dtype in ((torch.bfloat16, torch.bfloat16), (torch.float32, torch.bfloat16), (torch.float32,) * 2):
         x, w, bias = operands(6, 50, 100, x_dtype, w_dtype, seed=4)

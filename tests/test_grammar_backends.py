@@ -10,7 +10,7 @@ import torch
 from shrike.sampling.grammar import GrammarError, GrammarSpec
 from shrike.sampling.grammar_backends import new_grammar_compiler
 from shrike.sampling.params import SamplingParams
-from shrike.sampling.sampler import SamplingRow, allowed_tokens, sample
+from shrike.sampling.sampler import SamplingRow, sample
 from shrike.tokenizer import Tokenizer
 
 VOCAB = 49152  # SmolLM2's embedding rows
@@ -29,8 +29,15 @@ def compiler(request, tokenizer):
     return new_grammar_compiler(request.param, tokenizer, VOCAB)
 
 
+def allowed_ids(mask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """(ceil(V/32),) int32 bitmask -> (vocab_size,) bool: token t is bit t % 32 of word t // 32; ids past the
+    mask's words (a grammar vocabulary shorter than the model's) are not allowed, as in the sampler."""
+    bits = ((mask[:, None] >> torch.arange(32, dtype=torch.int32)) & 1).reshape(-1).bool()
+    return torch.cat([bits, torch.zeros(max(0, vocab_size - bits.numel()), dtype=torch.bool)])[:vocab_size]
+
+
 def _allowed(row: SamplingRow) -> torch.Tensor:
-    return allowed_tokens(row.constraint.next_mask()[None], VOCAB)[0]
+    return allowed_ids(row.constraint.next_mask(), VOCAB)
 
 
 @pytest.mark.parametrize("spec, text", [

@@ -77,7 +77,7 @@ def test_all_installed_plugins_load_when_unset(example_plugin):
 def test_empty_selection_loads_no_plugin(example_plugin):
     registry = build_registry(environ={"SHRIKE_PLUGINS": ""})
     assert registry.plugins == []
-    assert registry.resolve_op("rmsnorm").source == f"builtin:{_C.active_isa()}"
+    assert registry.op_table().chosen["rmsnorm"].source == f"builtin:{_C.active_isa()}"
     with pytest.raises(ConfigError, match="model architecture 'ToyForCausalLM' is not supported"):
         registry.architecture("ToyForCausalLM")
 
@@ -94,7 +94,7 @@ def test_unknown_plugin_name_lists_the_installed_ones(example_plugin):
 
 def test_plugin_op_takes_priority_and_is_the_one_called(example_plugin):
     registry = build_registry(environ={"SHRIKE_PLUGINS": "example"})
-    chosen = registry.resolve_op("rmsnorm")
+    chosen = registry.op_table().chosen["rmsnorm"]
     assert (chosen.source, chosen.provider) == ("plugin", "example")
     assert [c["source"] for c in registry.describe()["op"]["rmsnorm"]["candidates"]] == [
         "plugin", f"builtin:{_C.active_isa()}", "reference"
@@ -120,10 +120,10 @@ def test_describe_names_what_each_op_resolved_to(example_plugin):
 def test_reference_is_the_last_resort():
     registry = Registry()
     registry.register_op("rmsnorm", rmsnorm_reference, source="reference")
-    assert registry.resolve_op("rmsnorm").source == "reference"
+    assert registry.op_table().chosen["rmsnorm"].source == "reference"
     builtins = Registry()
     register_builtin_ops(builtins)
-    assert builtins.resolve_op("rmsnorm").target is _C.rmsnorm
+    assert builtins.op_table().chosen["rmsnorm"].target is _C.rmsnorm
 
 
 def test_two_plugins_providing_one_op_must_be_told_apart():

@@ -17,7 +17,7 @@ from shrike.errors import ConfigError
 from shrike.eval_ppl import sequence_logits
 from shrike.model.config import ModelConfig
 from shrike.model.loader import load_model
-from shrike.quantization.compressed_tensors_format import QuantizationPlan, pack_int4, unpack_int, unpack_int4
+from shrike.quantization.compressed_tensors_format import QuantizationPlan, pack_int4, unpack_int
 from shrike.quantization.quantize_checkpoint import linear_prefixes, quantize_checkpoint
 from shrike.quantization.quantizer import dequantize, quantize_weight
 from shrike.quantization.safetensors_io import CheckpointFiles
@@ -29,7 +29,7 @@ from shrike.synth import synthesize
 def test_int4_packing_is_the_library_layout(k):
     values = torch.randint(-8, 8, (5, k), dtype=torch.int8)
     assert torch.equal(pack_int4(values), pack_to_int32(values, 4))
-    assert torch.equal(unpack_int4(pack_to_int32(values, 4), k), values)
+    assert torch.equal(unpack_int(pack_to_int32(values, 4), 4, k), values)
 
 
 def _config(weights: dict, acts: dict | None = None, **top) -> dict:
@@ -217,7 +217,7 @@ def test_quantize_weight_only_with_calibration_and_clip_search(dense_tiny, tmp_p
                         progress=False)
     ours, source = CheckpointFiles(dst), CheckpointFiles(dense_tiny)
     prefix = "model.layers.0.mlp.down_proj"
-    weight = dequantize(unpack_int4(ours.read(f"{prefix}.weight_packed"), 768), ours.read(f"{prefix}.weight_scale"))
+    weight = dequantize(unpack_int(ours.read(f"{prefix}.weight_packed"), 4, 768), ours.read(f"{prefix}.weight_scale"))
     step = ours.read(f"{prefix}.weight_scale").float().repeat_interleave(32, dim=1)
     assert ((weight - source.read(f"{prefix}.weight").float()).abs() <= 9 * step).all()  # no smoothing factors
 

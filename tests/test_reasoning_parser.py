@@ -7,9 +7,10 @@ import torch
 from shrike.sampling.grammar import GrammarSpec
 from shrike.sampling.grammar_backends import new_grammar_compiler
 from shrike.sampling.params import SamplingParams
-from shrike.sampling.sampler import SamplingRow, allowed_tokens, sample
+from shrike.sampling.sampler import SamplingRow, sample
 from shrike.server.reasoning import CLOSE, AfterReasoning, ReasoningParser, ReasoningStream
 from shrike.tokenizer import Tokenizer
+from test_grammar_backends import allowed_ids
 
 OUTPUTS = {
     "<think>Let me think.\nHmm</think>\n\nThe answer is 4.": {"deepseek_r1": ("Let me think.\nHmm", "The answer is 4."),
@@ -48,7 +49,7 @@ def test_the_grammar_starts_after_the_reasoning(default_model_dir):
                       frozenset(tokenizer.eos_token_ids), None)
     generator = torch.Generator().manual_seed(0)
     for token in tokenizer.encode("I think twenty-one.</think>", add_special_tokens=False):
-        assert allowed_tokens(row.constraint.next_mask()[None], vocab).all()  # free while reasoning
+        assert allowed_ids(row.constraint.next_mask(), vocab).all()  # free while reasoning
         row.constraint.accept(token)
         row.output_ids.append(token)
     answer = []

@@ -77,13 +77,6 @@ class Registry:
     def register_tool_parser(self, name: str, parser: type, source: str = "builtin", provider: str = "shrike"):
         self._add("tool_parser", name, Implementation(parser, source, provider))
 
-    def resolve_op(self, op: str, kernel_backend: str = "auto") -> Implementation:
-        """The best implementation of `op`, or its reference with kernel_backend "reference"."""
-        entries = self._tables["op"][op]
-        if kernel_backend == "reference":
-            return next(entry for entry in entries if entry.source == "reference")
-        return entries[0]
-
     def check_ops(self) -> None:
         """A plugin may only replace an op Shrike has: an unknown name is most likely a typo."""
         known = sorted(name for name, entries in self._tables["op"].items() if any(e.source != "plugin" for e in entries))

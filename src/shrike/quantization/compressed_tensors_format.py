@@ -175,11 +175,6 @@ def unpack_int(packed: torch.Tensor, bits: int, in_features: int) -> torch.Tenso
     return nibbles[:, :in_features].to(torch.int8) - 8
 
 
-def unpack_int4(packed: torch.Tensor, in_features: int) -> torch.Tensor:
-    """(N, ceil(K/8)) int32 -> (N, K) int8 in [-8, 7]."""
-    return unpack_int(packed, 4, in_features)
-
-
 @dataclass
 class StoredLinear:
     """One (possibly fused) linear layer's weights and quantization parameters as the checkpoint stores them."""

@@ -113,11 +113,6 @@ def _ban_end_tokens(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
             logits[i, banned] = float("-inf")
 
 
-def allowed_tokens(masks: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """masks: (R, ceil(V/32)) int32 bitmasks -> (R, vocab_size) bool."""
-    return torch.from_numpy(_allowed(masks, vocab_size))
-
-
 # Masks are expanded and applied with numpy, on this thread alone: a torch op here would wake torch's worker
 # threads right after the grammar engine's native code ran, which on a busy machine can cost milliseconds.
 def _allowed(masks: torch.Tensor, vocab_size: int) -> np.ndarray:
