@@ -10,13 +10,15 @@ from fastapi.responses import JSONResponse, Response
 
 from shrike import __version__
 from shrike.server.chat import create_chat_completion
+from shrike.server.connection import DEFAULT_BODY_TIMEOUT_SECONDS
 from shrike.server.completions import create_completion
 from shrike.server.context import ServerContext
 from shrike.server.errors import APIError, install_error_handlers
 from shrike.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from shrike.server.middleware import APIKeyMiddleware, RequestBodyMiddleware
+from shrike.server.middleware import APIKeyMiddleware, RequestBodyMiddleware, UnreadBodyClosesConnection
 from shrike.server.openapi import install_openapi
 from shrike.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from shrike.server.responses import install_responses
 from shrike.server.shutdown import DrainMiddleware
 from shrike.server.tokenizer_info import tokenizer_info
 from shrike.server.webui import mount_web_ui
@@ -27,7 +29,7 @@ STATS_LOG_INTERVAL_SECONDS = 10.0
 
 
 def build_app(ctx: ServerContext, log_stats: bool = True, startup_message: str | None = None,
-              web_ui: bool = True) -> FastAPI:
+              web_ui: bool = True, body_timeout: float = DEFAULT_BODY_TIMEOUT_SECONDS) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         ctx.async_engine.start()
@@ -48,11 +50,12 @@ def build_app(ctx: ServerContext, log_stats: bool = True, startup_message: str |
     install_openapi(app, api_key_required=bool(ctx.api_key), vocab_size=ctx.vocab_size,
                     tokenizer_vocab_size=ctx.tokenizer.vocab_size, max_num_seqs=ctx.max_num_seqs,
                     max_model_len=ctx.max_model_len)
-    app.add_middleware(RequestBodyMiddleware)
+    app.add_middleware(RequestBodyMiddleware, body_timeout=body_timeout)
     if ctx.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=ctx.api_key)
-    # Outermost: while shutting down everything, /health included, is refused before any other work.
+    # While shutting down everything, /health included, is refused before any other work.
     app.add_middleware(DrainMiddleware, state=ctx.drain)
+    app.add_middleware(UnreadBodyClosesConnection)
 
     @app.get("/health")
     async def health() -> Response:
@@ -73,6 +76,13 @@ def build_app(ctx: ServerContext, log_stats: bool = True, startup_message: str |
         return {"object": "list", "data": [
             {"id": name, "object": "model", "created": ctx.created, "owned_by": "shrike", "root": ctx.model_root,
              "parent": None, "max_model_len": ctx.max_model_len} for name in ctx.served_model_names]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> dict:
+        ctx.check_model(model_id)
+        return next(m for m in (await models())["data"] if m["id"] == model_id)
+
+    install_responses(app, ctx)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:

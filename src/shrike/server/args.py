@@ -81,6 +81,24 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--web-ui", action=argparse.BooleanOptionalAction, default=True,
                         help="serve the chat page at / (default: on; --no-web-ui turns it off)")
     parser.add_argument("--disable-log-stats", action="store_true", help="do not log throughput every 10 s")
+    _add_connection_arguments(parser)
+
+
+def _add_connection_arguments(parser: argparse.ArgumentParser) -> None:
+    from shrike.server import connection as c  # here: uvicorn is no import of every other command
+    group = parser.add_argument_group("connections", "Limits a reverse proxy would set; a request over one is "
+                                                     "refused (408, 431) and its connection closed.")
+    group.add_argument("--header-timeout", type=_positive_float, default=c.DEFAULT_HEADER_TIMEOUT_SECONDS,
+                       metavar="SECONDS", help="time for a request's headers to arrive, from its first byte or the "
+                                               f"connection's start (default: {c.DEFAULT_HEADER_TIMEOUT_SECONDS:g})")
+    group.add_argument("--body-timeout", type=_positive_float, default=c.DEFAULT_BODY_TIMEOUT_SECONDS,
+                       metavar="SECONDS", help="longest wait for the next piece of a request body "
+                                               f"(default: {c.DEFAULT_BODY_TIMEOUT_SECONDS:g})")
+    group.add_argument("--max-header-bytes", type=_int_at_least(1024), default=c.DEFAULT_MAX_HEADER_BYTES,
+                       metavar="BYTES", help="request header names and values together "
+                                             f"(default: {c.DEFAULT_MAX_HEADER_BYTES})")
+    group.add_argument("--max-headers", type=_int_at_least(1), default=c.DEFAULT_MAX_HEADERS, metavar="N",
+                       help=f"request headers (default: {c.DEFAULT_MAX_HEADERS})")
 
 
 def _exit_with_one_line(parser: argparse.ArgumentParser, message: str) -> NoReturn:

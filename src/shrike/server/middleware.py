@@ -1,10 +1,12 @@
-"""ASGI guards that run before any endpoint: API-key check and request-body limits."""
+"""ASGI guards that run before any endpoint: API-key check, request-body limits, closing after a refusal."""
 from __future__ import annotations
 
+import asyncio
 import hmac
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from shrike.server.connection import DEFAULT_BODY_TIMEOUT_SECONDS
 from shrike.server.errors import APIError
 
 MAX_BODY_BYTES = 8 << 20  # a full 128k-token prompt as JSON token ids is about 1 MiB
@@ -38,14 +40,50 @@ class APIKeyMiddleware:
         await self.app(scope, receive, send)
 
 
-class RequestBodyMiddleware:
-    """Reads the body up front: over MAX_BODY_BYTES is 413, JSON that is not UTF-8 is a clear 400.
+class UnreadBodyClosesConnection:
+    """A response that starts before the request's body was read in full closes the connection.
 
-    The endpoint then receives the body in one piece and, after it, the client's disconnect.
+    That is every refusal made before the body matters (401, 404, 413, 408, 503 while draining): the
+    rest of the body is never read, as a reverse proxy would do, so an unauthenticated client cannot
+    make the server take in hundreds of megabytes.
     """
 
     def __init__(self, app: ASGIApp):
         self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        body_pending = headers.get(b"content-length", b"0") not in (b"", b"0") or b"transfer-encoding" in headers
+
+        async def receive_watched() -> Message:
+            nonlocal body_pending
+            message = await receive()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                body_pending = False
+            return message
+
+        async def send_closing(message: Message) -> None:
+            if message["type"] == "http.response.start" and body_pending:
+                message = {**message, "headers": [*[(k, v) for k, v in message.get("headers", [])
+                                                    if k.lower() != b"connection"], (b"connection", b"close")]}
+            await send(message)
+
+        await self.app(scope, receive_watched, send_closing)
+
+
+class RequestBodyMiddleware:
+    """Reads the body up front: over MAX_BODY_BYTES is 413, JSON that is not UTF-8 is a clear 400, a body whose
+    next piece takes longer than body_timeout seconds to come is 408.
+
+    The endpoint then receives the body in one piece and, after it, the client's disconnect.
+    """
+
+    def __init__(self, app: ASGIApp, body_timeout: float = DEFAULT_BODY_TIMEOUT_SECONDS):
+        self.app = app
+        self.body_timeout = body_timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
@@ -58,7 +96,13 @@ class RequestBodyMiddleware:
             return
         chunks, size = [], 0
         while True:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), self.body_timeout)
+            except asyncio.TimeoutError:
+                await APIError(f"the request body stopped arriving (nothing for {self.body_timeout:g} s)", 408,
+                               code="request_timeout", headers={"Connection": "close"}).response()(scope, receive,
+                                                                                                  send)
+                return
             if message["type"] == "http.disconnect":
                 return
             chunk = message.get("body", b"")

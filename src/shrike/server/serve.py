@@ -18,6 +18,7 @@ from shrike.errors import ConfigError
 from shrike.sampling.grammar import GrammarCompiler
 from shrike.sampling.grammar_backends import new_grammar_compiler
 from shrike.server.app import build_app
+from shrike.server.connection import ConnectionLimits, guarded_protocol
 from shrike.server.context import ServerContext
 from shrike.server.metrics import ServerMetrics
 from shrike.server.reasoning import ReasoningParser
@@ -43,11 +44,12 @@ def serve_main(args: argparse.Namespace) -> int:
     ctx, engine = build_server_context(args, tool_parser_class)
     async_engine = ctx.async_engine
     host, port = listener.getsockname()[:2]
+    limits = ConnectionLimits(args.header_timeout, args.body_timeout, args.max_header_bytes, args.max_headers)
     app = build_app(ctx, log_stats=not args.disable_log_stats,
                     startup_message=_startup_line(ctx, engine, host, port, args.generation_config, args.web_ui),
-                    web_ui=args.web_ui)
+                    web_ui=args.web_ui, body_timeout=limits.body_timeout)
     server = DrainingServer(uvicorn.Config(app, log_config=None, timeout_graceful_shutdown=CONNECTION_CLOSE_SECONDS,
-                                           timeout_keep_alive=KEEP_ALIVE_SECONDS),
+                                           timeout_keep_alive=KEEP_ALIVE_SECONDS, http=guarded_protocol(limits)),
                             ctx.drain, args.shutdown_timeout, async_engine.stop)
     # uvicorn re-raises the signal it stopped for once it has put back the previous handlers;
     # a requested stop is a success, so those handlers let it pass and we exit 0.
