@@ -83,6 +83,14 @@ def test_a_wrong_value_is_the_same_one_line_everywhere(name, capsys):
         assert capsys.readouterr().err == f"shrike {command}: error: {message}\n"
 
 
+def test_a_mistyped_flag_is_one_line_naming_its_command(capsys):
+    for command, extra in COMMANDS.items():
+        with pytest.raises(SystemExit) as exited:
+            main([command, *extra, "--kv-cache-type=int8"])
+        assert exited.value.code == 2
+        assert capsys.readouterr().err == f"shrike {command}: error: unrecognized arguments: --kv-cache-type=int8\n"
+
+
 # End to end: every command with engine flags it used to lack or ignore (the slow reference backend left out).
 RUN_FLAGS = ["--max-model-len", "256", "--max-num-seqs", "2", "--max-num-batched-tokens", "64",
              "--kv-cache-space", "0.05", "--kv-cache-dtype", "int8", "--no-enable-prefix-caching",

@@ -10,6 +10,14 @@ from shrike.engine.config import add_engine_arguments, engine_config_from_args
 from shrike.errors import ConfigError
 
 
+class _OneLineErrorParser(argparse.ArgumentParser):
+    """A mistyped command line gets one line naming what is wrong, not the usage block above it (as `serve` does)."""
+
+    def error(self, message: str):
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
 def _add_sampling_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--min-tokens", type=int, default=0)
@@ -26,10 +34,11 @@ def _add_sampling_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _OneLineErrorParser(
         prog="shrike", description="Shrike: CPU-native LLM serving with ahead-of-time compiled SIMD kernels.")
     parser.add_argument("--version", action="version", version=f"shrike {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser.commands = sub.choices  # name -> its parser, so a stray argument is reported by its command
 
     gen = sub.add_parser("generate", help="generate text from a prompt, streamed to the terminal",
                          description="Generate a continuation (or a chat answer with --chat) and stream it.")
@@ -149,7 +158,9 @@ def _eval_ppl(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        parser.commands.get(args.command, parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     handlers = {"generate": _generate, "convert": _convert, "doctor": _doctor, "bench": _bench, "serve": _serve,
                 "quantize": _quantize, "synth": _synth, "eval-ppl": _eval_ppl}
     if args.command is None:
