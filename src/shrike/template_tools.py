@@ -15,7 +15,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
-# Names no real conversation contains, to see whether a probe's parts come out of the template.
+# Names no real conversation contains, to see what of a probe conversation comes out of the template.
 _PROBE_TOOL = "shrike_probe_tool_6c1f"
 _PROBE_RESULT = "shrike_probe_result_6c1f"
 
@@ -48,25 +48,38 @@ class TemplateToolSupport:
         return not self.renders_tools
 
 
-def probe_template(render: Render) -> TemplateToolSupport:
-    """What a template does with tools; render(messages, tools) -> prompt, raising if the template refuses."""
+def probe_template(render: Render, source: str) -> TemplateToolSupport:
+    """What a template does with tools; render(messages, tools) -> prompt, raising if the template refuses.
+
+    A template that names tool_calls is taken to render them even if the probe's call does not show (it may
+    print only some argument of its own tools).
+    """
     user = {"role": "user", "content": "Hi"}
     call = {"id": "call_probe", "type": "function", "function": {"name": _PROBE_TOOL, "arguments": {"x": 1}}}
     tool = {"type": "function", "function": {"name": _PROBE_TOOL, "description": "probe",
                                              "parameters": {"type": "object", "properties": {}}}}
+    answer = {"role": "assistant", "content": ""}
+    # A template renders a part if the prompt changes with it (it may print only some fields of a call).
     return TemplateToolSupport(
-        renders_tools=_shows(render, [user], [tool], _PROBE_TOOL),
-        renders_tool_calls=_shows(render, [user, {"role": "assistant", "content": "", "tool_calls": [call]}],
-                                  None, _PROBE_TOOL),
-        renders_tool_results=_shows(render, [user, {"role": "assistant", "content": "", "tool_calls": [call]},
+        renders_tools=_differs(render, ([user], [tool]), ([user], None)),
+        renders_tool_calls="tool_calls" in source or _differs(render, ([user, {**answer, "tool_calls": [call]}], None),
+                                                             ([user, answer], None)),
+        renders_tool_results=_shows(render, [user, {**answer, "tool_calls": [call]},
                                              {"role": "tool", "tool_call_id": "call_probe", "content": _PROBE_RESULT}],
-                                    None, _PROBE_RESULT))
+                                    _PROBE_RESULT))
 
 
-def _shows(render: Render, messages: list[dict], tools: list[dict] | None, needle: str) -> bool:
+def _differs(render: Render, probe: tuple, without: tuple) -> bool:
     try:
-        return needle in render(messages, tools)
+        return render(*probe) != render(*without)
     except Exception:  # noqa: BLE001 - a template that refuses the probe does not support what it probes
+        return False
+
+
+def _shows(render: Render, messages: list[dict], needle: str) -> bool:
+    try:
+        return needle in render(messages, None)
+    except Exception:  # noqa: BLE001
         return False
 
 

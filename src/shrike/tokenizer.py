@@ -94,7 +94,7 @@ class Tokenizer:
     def _tool_support(self, source: str) -> TemplateToolSupport:
         if source not in self._tool_support_by_template:
             self._tool_support_by_template[source] = probe_template(
-                lambda messages, tools: self._render(source, messages, tools, None, True, {}))
+                lambda messages, tools: self._render(source, messages, tools, None, True, {}), source)
         return self._tool_support_by_template[source]
 
     def _render(self, source: str, messages: list[dict], tools: list[dict] | None, documents: list[dict] | None,

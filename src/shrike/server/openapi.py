@@ -33,7 +33,8 @@ ERROR_SCHEMA = {
 _ERROR_DESCRIPTIONS = {
     "400": "The request is invalid (not JSON, not UTF-8, a wrong field or value); `error.param` names the field.",
     "401": "The API key is missing or wrong: send `Authorization: Bearer <key>`.",
-    "404": "The `model` named in the request is not served here.",
+    "404": "The `model` named in the request is not served here (/v1/responses: or no response with the "
+           "`previous_response_id` is stored).",
     "413": f"The request body is larger than {MAX_BODY_BYTES >> 20} MiB.",
     "503": "The server is busy (`queue_full`, retry after `Retry-After` seconds), shutting down, or a model step "
            "failed; the request may succeed when sent again.",
@@ -43,6 +44,8 @@ _ERROR_DESCRIPTIONS = {
 _ERRORS_BY_OPERATION = {
     ("/v1/completions", "post"): ["400", "404", "413", "503"],
     ("/v1/chat/completions", "post"): ["400", "404", "413", "503"],
+    ("/v1/responses", "post"): ["400", "404", "413", "503"],
+    ("/v1/models/{model_id}", "get"): ["404"],
     ("/tokenize", "post"): ["400", "404", "413"],
     ("/detokenize", "post"): ["400", "404", "413"],
     ("/health", "get"): ["503"],
@@ -52,7 +55,7 @@ _ERRORS_BY_OPERATION = {
     ("/tokenizer_info", "get"): [],
 }
 
-_STREAMING = {("/v1/completions", "post"), ("/v1/chat/completions", "post")}
+_STREAMING = {("/v1/completions", "post"), ("/v1/chat/completions", "post"), ("/v1/responses", "post")}
 
 # Bounds the engine enforces (SamplingParams.validate and the request checks); a request outside them is a 400.
 _SAMPLING_BOUNDS: dict[str, dict[str, Any]] = {

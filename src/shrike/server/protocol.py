@@ -152,6 +152,24 @@ class ChatCompletionRequest(SamplingRequest):
     add_generation_prompt: bool = True
 
 
+class ResponsesRequest(_Request):
+    """OpenAI's Responses API (POST /v1/responses); input items and tools stay dicts, read in server/responses.py."""
+
+    model: str | None = None
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    previous_response_id: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
+    text: dict[str, Any] | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    max_output_tokens: int | None = None
+    stream: bool = False
+    metadata: dict[str, Any] | None = None
+
+
 class TokenizeRequest(_Request):
     model: str | None = None
     prompt: str | None = None
