@@ -18,6 +18,7 @@ from shrike.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from shrike.server.middleware import APIKeyMiddleware, RequestBodyMiddleware, UnreadBodyClosesConnection
 from shrike.server.openapi import install_openapi
 from shrike.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from shrike.server.responses import install_responses
 from shrike.server.shutdown import DrainMiddleware
 from shrike.server.tokenizer_info import tokenizer_info
 from shrike.server.webui import mount_web_ui
@@ -75,6 +76,13 @@ def build_app(ctx: ServerContext, log_stats: bool = True, startup_message: str |
         return {"object": "list", "data": [
             {"id": name, "object": "model", "created": ctx.created, "owned_by": "shrike", "root": ctx.model_root,
              "parent": None, "max_model_len": ctx.max_model_len} for name in ctx.served_model_names]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> dict:
+        ctx.check_model(model_id)
+        return next(m for m in (await models())["data"] if m["id"] == model_id)
+
+    install_responses(app, ctx)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
