@@ -240,7 +240,7 @@ def test_tensor_shape_contradicting_metadata_is_rejected(tiny_model, tmp_path):
 def test_non_gguf_file_is_rejected_clearly(tmp_path):
     source = tmp_path / "notes.gguf"
     source.write_bytes(b"definitely not a model" * 10)
-    with pytest.raises(ValueError, match="not a readable GGUF file"):
+    with pytest.raises(ValueError, match="is not a GGUF file \\(it does not start with the bytes GGUF\\)"):
         convert_gguf(source, tmp_path / "out", progress=False)
 
 

@@ -7,6 +7,7 @@ K-quants Q2_K .. Q6_K, IQ4_NL/IQ4_XS and the other i-quants); the weights are wr
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from safetensors.torch import save_file
@@ -40,10 +41,8 @@ def check_architecture(meta: GGUFMetadata) -> None:
 def convert_gguf(src: Path, dst: Path, progress: bool = True) -> None:
     """Write config.json, model.safetensors (bf16), tokenizer files and generation_config.json into dst."""
     src, dst = Path(src), Path(dst)
-    try:
-        reader = FastGGUFReader(src)
-    except (ValueError, OSError) as error:
-        raise ValueError(f"{src} is not a readable GGUF file: {error}") from error
+    check_output_dir(dst)
+    reader = open_gguf(src)
     meta = GGUFMetadata(reader)
     check_architecture(meta)
 
@@ -61,12 +60,40 @@ def convert_gguf(src: Path, dst: Path, progress: bool = True) -> None:
     tensors = tqdm(reader.tensors, desc=f"Converting {src.name}", unit="tensor", disable=not progress)
     weights = convert_weights(tensors, config)
 
-    dst.mkdir(parents=True, exist_ok=True)
-    save_file(weights, dst / "model.safetensors", metadata={"format": "pt"})
-    (dst / "tokenizer.json").write_text(tokenizer_text, encoding="utf-8")
-    _write_json(dst / "config.json", config)
-    _write_json(dst / "generation_config.json", generation_config(meta))
-    _write_json(dst / "tokenizer_config.json", tokenizer_settings)
+    try:
+        dst.mkdir(parents=True, exist_ok=True)
+        save_file(weights, dst / "model.safetensors", metadata={"format": "pt"})
+        (dst / "tokenizer.json").write_text(tokenizer_text, encoding="utf-8")
+        _write_json(dst / "config.json", config)
+        _write_json(dst / "generation_config.json", generation_config(meta))
+        _write_json(dst / "tokenizer_config.json", tokenizer_settings)
+    except OSError as error:
+        raise ValueError(f"cannot write the checkpoint into {dst}: {error.strerror or error}") from None
+
+
+def check_output_dir(dst: Path) -> None:
+    """Before the conversion's minutes of work: the output must be a directory we may create or write into."""
+    if dst.exists() and not dst.is_dir():
+        raise ValueError(f"{dst} exists and is not a directory; give a directory to write the checkpoint into")
+    existing = next(path for path in (dst, *dst.absolute().parents) if path.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"cannot write into {existing}; choose an output directory you may write to")
+
+
+def open_gguf(src: Path) -> FastGGUFReader:
+    """The GGUF reader, or a ValueError saying in our words why the file cannot be read."""
+    try:
+        return FastGGUFReader(src)
+    except OSError as error:
+        raise ValueError(f"cannot read {src}: {error.strerror or error}") from None
+    except (ValueError, IndexError, KeyError, TypeError):
+        # gguf and numpy word these by their own internals (a reshape, a dtype view): say what it means
+        with open(src, "rb") as file:
+            magic = file.read(4)
+        if magic != b"GGUF":
+            raise ValueError(f"{src} is not a GGUF file (it does not start with the bytes GGUF)") from None
+        raise ValueError(f"{src} is not a complete GGUF file: it ends before the metadata and tensors it declares "
+                         "(an interrupted download or copy?); fetch the file again") from None
 
 
 def _write_json(path: Path, document: dict) -> None:

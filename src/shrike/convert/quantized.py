@@ -6,7 +6,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from shrike.convert.gguf import convert_gguf
+from shrike.convert.gguf import check_output_dir, convert_gguf
 from shrike.errors import ConfigError
 
 
@@ -15,6 +15,7 @@ def convert_and_quantize(src: Path, dst: Path, scheme_name: str, progress: bool 
     from shrike.quantization.schemes import scheme_from_name
 
     scheme = scheme_from_name(scheme_name)
+    check_output_dir(dst)
     if (dst / "config.json").exists():
         raise ConfigError(f"{dst} already holds a checkpoint; choose an empty output directory")
     dst.parent.mkdir(parents=True, exist_ok=True)
