@@ -9,6 +9,7 @@
 #include "bindings.h"
 #include "bindings_util.h"
 #include "common/isa.h"
+#include "common/variants.h"
 #include "norm/rmsnorm.h"
 
 using namespace shrike::bindings;
@@ -57,6 +58,16 @@ NB_MODULE(_C, m) {
     d["sve"] = f.sve; d["sve2"] = f.sve2; d["bf16"] = f.bf16;
     return d;
   });
+  m.def("variant_tables", [] {
+    nb::list out;
+    for (const shrike::OpVariants& op : shrike::variant_tables()) {
+      nb::list variants;
+      for (const shrike::VariantInfo& v : op.variants) variants.append(nb::make_tuple(v.name, v.condition));
+      out.append(nb::make_tuple(op.op, variants));
+    }
+    return out;
+  }, "Every op's variants, best first: (op, [(variant, condition)]). A call runs the first whose level the active "
+     "level includes and whose condition holds; the last is the scalar reference.");
   bind_linear(m);
   bind_attention(m);
   bind_fused(m);

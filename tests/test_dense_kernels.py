@@ -239,7 +239,8 @@ def test_only_the_builtin_op_gets_tiles():
     packs = _C.dense_variant("bfloat16", "bfloat16") == "amx"
     layer = DenseLinear(w, bias, dense_linear_kernel)
     assert isinstance(layer.weight, DenseTileWeight) == packs
-    assert torch.equal(layer(x), dense(_C.active_isa(), x, w, bias, torch.bfloat16))
+    step = EagerStep.prefill(builtin_op_table(), torch.zeros(6, dtype=torch.int64), 16, torch.arange(6))
+    assert torch.equal(layer(step, x, step.tokens), dense(_C.active_isa(), x, w, bias, torch.bfloat16))
     for op in (dense_linear_reference, _C.dense_linear):
         assert weight_for_op(w, op) is w
     assert weight_for_op(w.float(), dense_linear_kernel).dtype == torch.float32
@@ -273,4 +274,4 @@ def test_empty_rows_and_bad_arguments():
     with pytest.raises(ValueError, match="weight must be a 2-D bfloat16 tensor"):
         DenseTileWeight.from_dense(w)
     with pytest.raises(ValueError, match="dense tiles must be bfloat16 packed by dense_pack_tiles for"):
-        _C.PlanLinear("dense_tiles", tiles.tiles[:-1], None, 8, 16, 0)
+        _C.TapeLinear("dense_tiles", tiles.tiles[:-1], None, 8, 16, 0)

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "common/bf16.h"
-#include "common/isa.h"
+#include "common/variants.h"
 #include "runtime/threadpool.h"
 
 namespace shrike {
@@ -44,24 +44,42 @@ Kernel int16_walk(AttendFn attend, const PagedAttentionArgs& a) {
   return {attend, int16_attention_scratch_floats(rows, a.head_dim), kRowsPerItem};
 }
 
+bool int8_cache_hd16(const PagedAttentionArgs& a) { return a.head_dim % 16 == 0 && a.cache_dtype == DType::i8; }
+bool hd8(const PagedAttentionArgs& a) { return a.head_dim % 8 == 0; }
+bool hd4(const PagedAttentionArgs& a) { return a.head_dim % 4 == 0; }
+
+// A variant: the work-item kernel and the walk that sizes its items and scratch.
+struct AttentionKernel {
+  AttendFn attend;
+  Kernel (*walk)(AttendFn, const PagedAttentionArgs&);
+};
+
 // AMX tiles serve bf16 queries over bf16 and int8 caches. Without them, bf16 queries over an int8 cache take
 // the int16-dot walk (integer products; measured in benchmarks/README.md against the fp32 walk and bf16 caches).
 // Of the fp32 walks, the AVX-512 one serves int8 caches (where it widens 16 values per instruction); float
 // caches keep the AVX2 walk: the 16-lane sums round differently, which flipped near-tie greedy tokens in the
-// model tests calibrated against it.
-Kernel attend_kernel(const PagedAttentionArgs& a) {
-  const int64_t head_dim = a.head_dim;
+// model tests calibrated against it. Every aarch64 level implies the NEON float code.
+const Variant<AttentionKernel, PagedAttentionArgs> kAttention[] = {
 #if defined(SHRIKE_X86)
-  if (isa_at_least(Isa::amx) && amx_attention_serves(a)) return amx_walk(amx::attend, a);
-  if (isa_at_least(Isa::avx512vnni) && int16_attention_serves(a)) return int16_walk(avx512vnni_int16::attend, a);
-  if (isa_at_least(Isa::avx512vnni) && head_dim % 16 == 0 && a.cache_dtype == DType::i8) return walk(avx512vnni::attend, a);
-  if (isa_at_least(Isa::avx2) && head_dim % 8 == 0) return walk(avx2::attend, a);
+    {Isa::amx, {amx::attend, amx_walk}, amx_attention_serves, "bf16 queries, bf16 or int8 cache, head_dim % 32 == 0"},
+    {Isa::avx512vnni, {avx512vnni_int16::attend, int16_walk}, int16_attention_serves,
+     "bf16 queries, int8 cache, head_dim % 32 == 0 and <= 256", "avx512vnni-int16"},
+    {Isa::avx512vnni, {avx512vnni::attend, walk}, int8_cache_hd16, "int8 cache, head_dim % 16 == 0"},
+    {Isa::avx2, {avx2::attend, walk}, hd8, "head_dim % 8 == 0"},
 #elif defined(SHRIKE_AARCH64)
-  if (isa_at_least(Isa::sve2) && head_dim % 4 == 0) return walk(sve2::attend, a);
-  // Every aarch64 variant (dotprod, i8mm, sve2) implies the NEON float code.
-  if (active_isa() != Isa::scalar && head_dim % 4 == 0) return walk(dotprod::attend, a);
+    {Isa::sve2, {sve2::attend, walk}, hd4, "head_dim % 4 == 0"},
+    {Isa::dotprod, {dotprod::attend, walk}, hd4, "head_dim % 4 == 0", "neon"},
 #endif
-  return walk(ref::attend, a);
+    {Isa::scalar, {ref::attend, walk}},
+};
+
+const Variant<AttentionKernel, PagedAttentionArgs>& attention_kernel(const PagedAttentionArgs& a) {
+  return pick_variant(kAttention, a);
+}
+
+Kernel attend_kernel(const PagedAttentionArgs& a) {
+  const AttentionKernel& k = attention_kernel(a).fn;
+  return k.walk(k.attend, a);
 }
 
 // Multiply-adds below which waking the pool costs more than it saves.
@@ -180,18 +198,11 @@ void paged_attention(const PagedAttentionArgs& a) { run_items(a, attend_kernel(a
 const char* attention_variant(DType q_dtype, DType cache_dtype, int64_t head_dim) {
   PagedAttentionArgs a{};
   a.q_dtype = q_dtype, a.cache_dtype = cache_dtype, a.head_dim = head_dim, a.num_heads = a.num_kv_heads = 1;
-  const AttendFn attend = attend_kernel(a).attend;
-#if defined(SHRIKE_X86)
-  if (attend == amx::attend) return "amx";
-  if (attend == avx512vnni_int16::attend) return "avx512vnni-int16";
-  if (attend == avx512vnni::attend) return "avx512vnni";
-  if (attend == avx2::attend) return "avx2";
-#elif defined(SHRIKE_AARCH64)
-  if (attend == sve2::attend) return "sve2";
-  if (attend == dotprod::attend) return "neon";
-#endif
-  return "scalar";
+  const auto& v = attention_kernel(a);
+  return v.name ? v.name : isa_name(v.level);
 }
+
+OpVariants attention_variants() { return describe_variants("paged_attention", kAttention); }
 
 void paged_attention_amx_reference(const PagedAttentionArgs& a) {
   run_items(a, amx_walk(amx_ref::attend, a));

@@ -8,7 +8,7 @@
 #include <stdexcept>
 #include <vector>
 
-#include "common/isa.h"
+#include "common/variants.h"
 #include "dense/dense_kernels.h"
 #include "dense/dense_tiles.h"
 #include "runtime/threadpool.h"
@@ -18,35 +18,36 @@ namespace {
 
 using DenseBlock = void (*)(const DenseProblem&, int64_t, int64_t, int64_t, int64_t);
 
-bool tile_order(DType x_dtype, DType w_dtype) {
-#if defined(SHRIKE_X86)
-  return isa_at_least(Isa::amx) && x_dtype == DType::bf16 && w_dtype == DType::bf16;
-#else
-  (void)x_dtype, (void)w_dtype;
-  return false;
-#endif
-}
+// A variant is a block kernel and the reduction order it follows (dense_kernels.h).
+struct DenseKernel {
+  DenseBlock block;
+  bool tile_order;
+};
+struct DenseCall {
+  DType x_dtype, w_dtype;
+  DenseLayout layout;
+};
 
-Isa lanes_isa() {
-#if defined(SHRIKE_X86)
-  if (isa_at_least(Isa::avx512bf16)) return Isa::avx512bf16;
-  if (isa_at_least(Isa::avx2)) return Isa::avx2;
-#elif defined(SHRIKE_AARCH64)
-  if (isa_at_least(Isa::dotprod)) return Isa::dotprod;
-#endif
-  return Isa::scalar;
-}
+bool bf16_pair(const DenseCall& c) { return c.x_dtype == DType::bf16 && c.w_dtype == DType::bf16; }
+bool tiles_weight(const DenseCall& c) { return c.layout == DenseLayout::tiles; }
 
-DenseBlock lanes_kernel() {
-  switch (lanes_isa()) {
+const Variant<DenseKernel, DenseCall> kDense[] = {
 #if defined(SHRIKE_X86)
-    case Isa::avx512bf16: return avx512bf16::dense_block;
-    case Isa::avx2: return avx2::dense_block;
-#elif defined(SHRIKE_AARCH64)
-    case Isa::dotprod: return dotprod::dense_block;
+    {Isa::amx, {amx::dense_tile_block, true}, bf16_pair, "bf16 x bf16 (tile order)"},
 #endif
-    default: return ref::dense_block;
-  }
+    // Below the amx level a tiles weight runs on the reference of the tile order, which reads x as it is.
+    {Isa::scalar, {ref::dense_tile_block, true}, tiles_weight, "weight packed as tiles (tile order)"},
+#if defined(SHRIKE_X86)
+    {Isa::avx512bf16, {avx512bf16::dense_block, false}},
+    {Isa::avx2, {avx2::dense_block, false}},
+#elif defined(SHRIKE_AARCH64)
+    {Isa::dotprod, {dotprod::dense_block, false}},
+#endif
+    {Isa::scalar, {ref::dense_block, false}},
+};
+
+const Variant<DenseKernel, DenseCall>& dense_kernel(DType x_dtype, DType w_dtype, DenseLayout layout) {
+  return pick_variant(kDense, DenseCall{x_dtype, w_dtype, layout});
 }
 
 constexpr int64_t kSerialWork = 1 << 18;  // multiply-adds below which threads cost more than they save
@@ -63,8 +64,7 @@ int64_t outputs_per_task(int64_t n, int64_t row_tasks) {
   return (per + 7) / 8 * 8;
 }
 
-void run_lanes(const DenseProblem& p) {
-  DenseBlock kernel = lanes_kernel();
+void run_lanes(const DenseProblem& p, DenseBlock kernel) {
   if (p.m * p.n * p.k < kSerialWork) return kernel(p, 0, p.m, 0, p.n);
   int64_t row_tasks = (p.m + kRowsPerTask - 1) / kRowsPerTask;
   int64_t per = outputs_per_task(p.n, row_tasks);
@@ -104,16 +104,7 @@ int64_t tile_panels_per_task(int64_t panels, int64_t row_tasks) {
   return (per + 1) / 2 * 2;
 }
 
-// Below the amx level a tiles weight runs on the reference, which reads x as it is.
-DenseBlock tile_kernel() {
-#if defined(SHRIKE_X86)
-  if (isa_at_least(Isa::amx)) return amx::dense_tile_block;
-#endif
-  return ref::dense_tile_block;
-}
-
-void run_tiles(DenseProblem p) {
-  DenseBlock kernel = tile_kernel();
+void run_tiles(DenseProblem p, DenseBlock kernel) {
   if (kernel != ref::dense_tile_block) {
     static thread_local std::vector<bf16> workspace;  // the caller's; workers get `tiles`
     const int64_t rows = std::min<int64_t>(p.m, 16), row_blocks = (p.m + rows - 1) / rows;
@@ -145,12 +136,15 @@ void dense_linear(const void* x, DType x_dtype, int64_t m, int64_t k, const void
     throw std::invalid_argument("dense_linear: a weight packed as tiles is bfloat16 and takes bfloat16 activations");
   if (m == 0 || n == 0) return;
   DenseProblem p{x, x_dtype, w, w_dtype, w_layout, bias, out, out_dtype, m, n, k, nullptr};
-  if (w_layout == DenseLayout::tiles || tile_order(x_dtype, w_dtype)) return run_tiles(p);
-  run_lanes(p);
+  const DenseKernel& kernel = dense_kernel(x_dtype, w_dtype, w_layout).fn;
+  if (kernel.tile_order) return run_tiles(p, kernel.block);
+  run_lanes(p, kernel.block);
 }
 
 const char* dense_variant(DType x_dtype, DType w_dtype) {
-  return tile_order(x_dtype, w_dtype) ? isa_name(Isa::amx) : isa_name(lanes_isa());
+  return isa_name(dense_kernel(x_dtype, w_dtype, DenseLayout::rows).level);
 }
+
+OpVariants dense_variants() { return describe_variants("dense_linear", kDense); }
 
 }  // namespace shrike

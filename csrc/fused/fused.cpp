@@ -10,7 +10,7 @@
 
 #include "attention/kv_int8.h"
 #include "common/bf16.h"
-#include "common/isa.h"
+#include "common/variants.h"
 #include "norm/rmsnorm.h"
 
 namespace shrike {
@@ -118,15 +118,30 @@ void embedding(const int64_t* token_ids, int64_t tokens, const void* table, int6
   }
 }
 
-void silu_mul(const void* gate_up, void* out, int64_t rows, int64_t width, DType dtype) {
-#if defined(SHRIKE_X86)
-  if (isa_at_least(Isa::avx512vnni)) return avx512vnni::silu_mul(gate_up, out, rows, width, dtype);
-#endif
+namespace {
+void silu_mul_ref(const void* gate_up, void* out, int64_t rows, int64_t width, DType dtype) {
   if (dtype == DType::f32)
     silu_mul_typed(static_cast<const float*>(gate_up), static_cast<float*>(out), rows, width);
   else
     silu_mul_typed(static_cast<const bf16*>(gate_up), static_cast<bf16*>(out), rows, width);
 }
+
+using SiluMulFn = void (*)(const void*, void*, int64_t, int64_t, DType);
+struct NoCall {};
+
+const Variant<SiluMulFn, NoCall> kSiluMul[] = {
+#if defined(SHRIKE_X86)
+    {Isa::avx512vnni, avx512vnni::silu_mul},
+#endif
+    {Isa::scalar, silu_mul_ref},
+};
+}  // namespace
+
+void silu_mul(const void* gate_up, void* out, int64_t rows, int64_t width, DType dtype) {
+  pick_variant(kSiluMul, NoCall{}).fn(gate_up, out, rows, width, dtype);
+}
+
+OpVariants silu_mul_variants() { return describe_variants("silu_mul", kSiluMul); }
 
 void rope_write_kv(const RopeKvArgs& a) {
   const bool act32 = a.act_dtype == DType::f32, cache32 = a.cache_dtype == DType::f32;

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "common/isa.h"
+#include "common/variants.h"
 #include "linear/layout.h"
 #include "quant/act_quant.h"
 #include "runtime/threadpool.h"
@@ -18,60 +18,61 @@ namespace {
 using W4A8Tiles = void (*)(const W4A8Problem&, int64_t, int64_t);
 using W8A8Tiles = void (*)(const W8A8Problem&, int64_t, int64_t);
 
-// smmla computes two rows at once; a single decode row is better served by sdot. AMX tiles
-// take 16 rows and 64 K at a time and only pay off from 32 rows (measured: at 16 rows AVX-512
-// is faster); W4A8 groups of 32 would need a second tile shape. group is 0 for W8A8.
-// The avx512bf16 level has no int8 kernels of its own: it includes avx512vnni.
-Isa variant_isa(int64_t m, int64_t k, int64_t group) {
-  switch (Isa isa = active_isa()) {
-    case Isa::avx512bf16: return Isa::avx512vnni;
-    case Isa::amx: return m < 32 || k % 64 || group == 32 ? Isa::avx512vnni : Isa::amx;
-    case Isa::i8mm: return m < 2 ? Isa::dotprod : Isa::i8mm;
-    default: return isa;
-  }
-}
-
-template <typename Fn>
-struct Variants {
-  Fn ref, avx2, avxvnni, avx512vnni, amx, dotprod, i8mm, sve2;
+// One call's shape as the variants' conditions see it; group is 0 for W8A8.
+struct LinearCall {
+  int64_t m, k, group;
 };
 
-template <typename Fn>
-Fn pick(const Variants<Fn>& v, int64_t m, int64_t k, int64_t group) {
-  switch (variant_isa(m, k, group)) {
-    case Isa::avx2: return v.avx2;
-    case Isa::avxvnni: return v.avxvnni;
-    case Isa::avx512vnni: return v.avx512vnni;
-    case Isa::amx: return v.amx;
-    case Isa::dotprod: return v.dotprod;
-    case Isa::i8mm: return v.i8mm;
-    case Isa::sve2: return v.sve2;
-    default: return v.ref;
-  }
-}
+// smmla computes two rows at once; a single decode row is better served by sdot. AMX tiles
+// take 16 rows and 64 K at a time and only pay off from 32 rows (measured: at 16 rows AVX-512
+// is faster); W4A8 groups of 32 would need a second tile shape. The avx512bf16 level has no int8
+// kernels of its own: it runs avx512vnni's.
+bool amx_serves(const LinearCall& c) { return c.m >= 32 && c.k % 64 == 0 && c.group != 32; }
+bool i8mm_serves(const LinearCall& c) { return c.m >= 2; }
+constexpr const char* kAmxW4A8Condition = "m >= 32, k % 64 == 0, group 64 or 128";
+constexpr const char* kAmxW8A8Condition = "m >= 32, k % 64 == 0";
+constexpr const char* kI8mmCondition = "m >= 2";
 
-W4A8Tiles w4a8_kernel(int64_t m, int64_t k, int64_t group) {
-#if defined(SHRIKE_X86)
-  return pick<W4A8Tiles>({ref::w4a8_tiles, avx2::w4a8_tiles, avxvnni::w4a8_tiles, avx512vnni::w4a8_tiles,
-                          amx::w4a8_tiles}, m, k, group);
-#elif defined(SHRIKE_AARCH64)
-  return pick<W4A8Tiles>({ref::w4a8_tiles, nullptr, nullptr, nullptr, nullptr, dotprod::w4a8_tiles,
-                          i8mm::w4a8_tiles, sve2::w4a8_tiles}, m, k, group);
-#else
-  return ref::w4a8_tiles;
-#endif
-}
+template <typename Tiles>
+using LinearVariant = Variant<Tiles, LinearCall>;
 
-W8A8Tiles w8a8_kernel(int64_t m, int64_t k) {
+const LinearVariant<W4A8Tiles> kW4A8[] = {
 #if defined(SHRIKE_X86)
-  return pick<W8A8Tiles>({ref::w8a8_tiles, avx2::w8a8_tiles, avxvnni::w8a8_tiles, avx512vnni::w8a8_tiles,
-                          amx::w8a8_tiles}, m, k, 0);
+    {Isa::amx, amx::w4a8_tiles, amx_serves, kAmxW4A8Condition},
+    {Isa::avx512vnni, avx512vnni::w4a8_tiles},
+    {Isa::avxvnni, avxvnni::w4a8_tiles},
+    {Isa::avx2, avx2::w4a8_tiles},
 #elif defined(SHRIKE_AARCH64)
-  return pick<W8A8Tiles>({ref::w8a8_tiles, nullptr, nullptr, nullptr, nullptr, dotprod::w8a8_tiles,
-                          i8mm::w8a8_tiles, sve2::w8a8_tiles}, m, k, 0);
-#else
-  return ref::w8a8_tiles;
+    {Isa::sve2, sve2::w4a8_tiles},
+    {Isa::i8mm, i8mm::w4a8_tiles, i8mm_serves, kI8mmCondition},
+    {Isa::dotprod, dotprod::w4a8_tiles},
 #endif
+    {Isa::scalar, ref::w4a8_tiles},
+};
+
+const LinearVariant<W8A8Tiles> kW8A8[] = {
+#if defined(SHRIKE_X86)
+    {Isa::amx, amx::w8a8_tiles, amx_serves, kAmxW8A8Condition},
+    {Isa::avx512vnni, avx512vnni::w8a8_tiles},
+    {Isa::avxvnni, avxvnni::w8a8_tiles},
+    {Isa::avx2, avx2::w8a8_tiles},
+#elif defined(SHRIKE_AARCH64)
+    {Isa::sve2, sve2::w8a8_tiles},
+    {Isa::i8mm, i8mm::w8a8_tiles, i8mm_serves, kI8mmCondition},
+    {Isa::dotprod, dotprod::w8a8_tiles},
+#endif
+    {Isa::scalar, ref::w8a8_tiles},
+};
+
+const LinearVariant<W4A8Tiles>& w4a8_variant(int64_t m, int64_t k, int64_t group) {
+  return pick_variant(kW4A8, LinearCall{m, k, group});
+}
+const LinearVariant<W8A8Tiles>& w8a8_variant(int64_t m, int64_t k) { return pick_variant(kW8A8, LinearCall{m, k, 0}); }
+W4A8Tiles w4a8_kernel(int64_t m, int64_t k, int64_t group) { return w4a8_variant(m, k, group).fn; }
+W8A8Tiles w8a8_kernel(int64_t m, int64_t k) { return w8a8_variant(m, k).fn; }
+// Whether the call runs on AMX tiles (whose activations are packed as tiles first).
+bool on_tiles(int64_t m, int64_t k, int64_t group) {
+  return (group ? w4a8_variant(m, k, group).level : w8a8_variant(m, k).level) == Isa::amx;
 }
 
 // Decode (few rows) wants many small chunks so slow cores cannot stall the call; prefill
@@ -137,7 +138,13 @@ Workspace& workspace() {
 
 }  // namespace
 
-const char* linear_variant(int64_t m, int64_t k, int64_t group) { return isa_name(variant_isa(m, k, group)); }
+const char* linear_variant(int64_t m, int64_t k, int64_t group) {
+  return isa_name(group ? w4a8_variant(m, k, group).level : w8a8_variant(m, k).level);
+}
+
+std::vector<OpVariants> linear_variants() {
+  return {describe_variants("w4a8_linear", kW4A8), describe_variants("w8a8_linear", kW8A8)};
+}
 
 void w4a8_linear(const void* x, DType x_dtype, int64_t m, int64_t k, const uint8_t* packed, int64_t n,
                  int64_t group, const float* bias, void* out, DType out_dtype) {
@@ -153,7 +160,7 @@ void w4a8_linear(const void* x, DType x_dtype, int64_t m, int64_t k, const uint8
   ws.scale.resize(m);
   ws.zero.resize(m);
   ws.group_sum.resize(m * groups);
-  const bool tiles = variant_isa(m, k, group) == Isa::amx;
+  const bool tiles = on_tiles(m, k, group);
   if (tiles) ws.q_tiles.resize(m / 16 * 16 * k);
   const char* xb = static_cast<const char*>(x);
   over_row_blocks(m, k, [&](int64_t r0, int64_t r1) {
@@ -175,7 +182,7 @@ void w8a8_linear(const void* x, DType x_dtype, int64_t m, int64_t k, const uint8
   ws.scale.resize(m);
   ws.sum.resize(m);
   const W8A8Tiles kernel = w8a8_kernel(m, k);
-  const bool tiles = variant_isa(m, k, 0) == Isa::amx;
+  const bool tiles = on_tiles(m, k, 0);
   if (tiles) ws.q_tiles.resize(m / 16 * 16 * k);
   const char* xb = static_cast<const char*>(x);
   over_row_blocks(m, k, [&](int64_t r0, int64_t r1) {
@@ -194,7 +201,7 @@ void w4a8_linear_quantized(const W4A8Problem& problem) {
   if (problem.m == 0 || problem.n == 0) return;
   W4A8Problem p = problem;
   Workspace& ws = workspace();
-  if (!p.q_tiles && variant_isa(p.m, p.k, p.group) == Isa::amx) {
+  if (!p.q_tiles && on_tiles(p.m, p.k, p.group)) {
     ws.q_tiles.resize(p.m / 16 * 16 * p.k);
     pack_activation_tiles(p.q, 0, p.m, p.k, ws.q_tiles.data());
     p.q_tiles = ws.q_tiles.data();
@@ -211,7 +218,7 @@ void w8a8_linear_quantized(const W8A8Problem& problem) {
     for (int64_t i = 0; i < p.m; ++i) ws.sum[i] = row_sum(p.q + i * p.k, p.k);
     p.x_sum = ws.sum.data();
   }
-  if (!p.q_tiles && variant_isa(p.m, p.k, 0) == Isa::amx) {
+  if (!p.q_tiles && on_tiles(p.m, p.k, 0)) {
     ws.q_tiles.resize(p.m / 16 * 16 * p.k);
     pack_activation_tiles(p.q, 0, p.m, p.k, ws.q_tiles.data());
     p.q_tiles = ws.q_tiles.data();

@@ -1,7 +1,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "common/isa.h"
+#include "common/variants.h"
 #include "quant/act_params.h"
 #include "quant/act_quant.h"
 
@@ -25,52 +25,41 @@ SymParams sym_params(float row_absmax) {
 
 namespace {
 
-template <typename T>
-void quantize_asym_rows(const T* x, int64_t rows, int64_t k, int64_t group, const AsymRows& out) {
-  switch (active_isa()) {
-#if defined(SHRIKE_X86)
-    case Isa::avx2:
-    case Isa::avxvnni:
-    case Isa::avx512vnni:
-    case Isa::avx512bf16:
-    case Isa::amx: return avx2::quantize_asym(x, rows, k, group, out);
-#elif defined(SHRIKE_AARCH64)
-    case Isa::dotprod:
-    case Isa::i8mm: return neon::quantize_asym(x, rows, k, group, out);
-    case Isa::sve2: return sve2::quantize_asym(x, rows, k, group, out);
-#endif
-    default: return ref::quantize_asym(x, rows, k, group, out);
-  }
-}
+struct ActQuantKernels {
+  void (*asym_f32)(const float*, int64_t, int64_t, int64_t, const AsymRows&);
+  void (*asym_bf16)(const bf16*, int64_t, int64_t, int64_t, const AsymRows&);
+  void (*sym_f32)(const float*, int64_t, int64_t, const SymRows&);
+  void (*sym_bf16)(const bf16*, int64_t, int64_t, const SymRows&);
+};
+#define SHRIKE_ACT_QUANT_KERNELS(ns) \
+  ActQuantKernels { ns::quantize_asym<float>, ns::quantize_asym<bf16>, ns::quantize_sym<float>, ns::quantize_sym<bf16> }
+struct NoCall {};
 
-template <typename T>
-void quantize_sym_rows(const T* x, int64_t rows, int64_t k, const SymRows& out) {
-  switch (active_isa()) {
+const Variant<ActQuantKernels, NoCall> kActQuant[] = {
 #if defined(SHRIKE_X86)
-    case Isa::avx2:
-    case Isa::avxvnni:
-    case Isa::avx512vnni:
-    case Isa::avx512bf16:
-    case Isa::amx: return avx2::quantize_sym(x, rows, k, out);
+    {Isa::avx2, SHRIKE_ACT_QUANT_KERNELS(avx2)},
 #elif defined(SHRIKE_AARCH64)
-    case Isa::dotprod:
-    case Isa::i8mm: return neon::quantize_sym(x, rows, k, out);
-    case Isa::sve2: return sve2::quantize_sym(x, rows, k, out);
+    {Isa::sve2, SHRIKE_ACT_QUANT_KERNELS(sve2)},
+    {Isa::dotprod, SHRIKE_ACT_QUANT_KERNELS(neon)},
 #endif
-    default: return ref::quantize_sym(x, rows, k, out);
-  }
-}
+    {Isa::scalar, SHRIKE_ACT_QUANT_KERNELS(ref)},
+};
+#undef SHRIKE_ACT_QUANT_KERNELS
+
+const ActQuantKernels& act_quant_kernels() { return pick_variant(kActQuant, NoCall{}).fn; }
 
 }  // namespace
 
 void quantize_asym(const void* x, DType dtype, int64_t rows, int64_t k, int64_t group, const AsymRows& out) {
-  if (dtype == DType::f32) return quantize_asym_rows(static_cast<const float*>(x), rows, k, group, out);
-  quantize_asym_rows(static_cast<const bf16*>(x), rows, k, group, out);
+  if (dtype == DType::f32) return act_quant_kernels().asym_f32(static_cast<const float*>(x), rows, k, group, out);
+  act_quant_kernels().asym_bf16(static_cast<const bf16*>(x), rows, k, group, out);
 }
 
 void quantize_sym(const void* x, DType dtype, int64_t rows, int64_t k, const SymRows& out) {
-  if (dtype == DType::f32) return quantize_sym_rows(static_cast<const float*>(x), rows, k, out);
-  quantize_sym_rows(static_cast<const bf16*>(x), rows, k, out);
+  if (dtype == DType::f32) return act_quant_kernels().sym_f32(static_cast<const float*>(x), rows, k, out);
+  act_quant_kernels().sym_bf16(static_cast<const bf16*>(x), rows, k, out);
 }
+
+OpVariants act_quant_variants() { return describe_variants("activation_quant", kActQuant); }
 
 }  // namespace shrike

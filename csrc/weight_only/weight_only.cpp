@@ -8,7 +8,7 @@
 #include <stdexcept>
 #include <vector>
 
-#include "common/isa.h"
+#include "common/variants.h"
 #include "runtime/threadpool.h"
 #include "weight_only/weight_only_kernels.h"
 
@@ -17,15 +17,19 @@ namespace {
 
 using Block = void (*)(const WeightOnlyProblem&, int64_t, int64_t, int64_t, int64_t);
 
-Block weight_only_kernel() {
+struct NoCall {};
+
+const Variant<Block, NoCall> kWeightOnly[] = {
 #if defined(SHRIKE_X86)
-  if (isa_at_least(Isa::avx512vnni)) return avx512vnni::weight_only_block;
-  if (isa_at_least(Isa::avx2)) return avx2::weight_only_block;
+    {Isa::avx512vnni, avx512vnni::weight_only_block},
+    {Isa::avx2, avx2::weight_only_block},
 #elif defined(SHRIKE_AARCH64)
-  if (isa_at_least(Isa::dotprod)) return dotprod::weight_only_block;
+    {Isa::dotprod, dotprod::weight_only_block},
 #endif
-  return ref::weight_only_block;
-}
+    {Isa::scalar, ref::weight_only_block},
+};
+
+Block weight_only_kernel() { return pick_variant(kWeightOnly, NoCall{}).fn; }
 
 constexpr int64_t kSerialWork = 1 << 18;  // multiply-adds below which threads cost more than they save
 constexpr int64_t kRowsPerTask = 64;
@@ -70,5 +74,7 @@ void weight_only_linear(const void* x, DType x_dtype, int64_t m, const WeightOnl
     kernel(p, rt * kRowsPerTask, std::min(m, (rt + 1) * kRowsPerTask), ct * per, std::min(w.n, (ct + 1) * per));
   });
 }
+
+OpVariants weight_only_variants() { return describe_variants("weight_only_linear", kWeightOnly); }
 
 }  // namespace shrike

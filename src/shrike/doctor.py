@@ -41,6 +41,10 @@ def _kernel_section(problems: list[str]) -> dict[str, Any]:
                                for q, cache in (("bfloat16", "bfloat16"), ("bfloat16", "int8"), ("float32", "float32"))},
         "available_isas": list(_C.available_isas()),
         "shrike_isa": os.environ.get("SHRIKE_ISA"),
+        # Each op's variants table, best first: a call runs the first whose level the active level includes
+        # and whose condition holds.
+        "variant_tables": {op: [{"variant": name, "condition": condition} for name, condition in variants]
+                           for op, variants in _C.variant_tables()},
     }
 
 
@@ -241,6 +245,10 @@ def _format_cpu(cpu: dict) -> list[str]:
     lines.append("Attention     " + "; ".join(
         f"{case} {'amx-bf16 tiles' if variant == 'amx' else variant}" for case, variant in cpu["attention_variants"].items())
         + " (head_dim 128)")
+    lines.append("Variants      best first; a call runs the first at or below the active level whose condition holds")
+    for op, variants in cpu["variant_tables"].items():
+        lines.append(f"  {op:<19} " + " > ".join(
+            v["variant"] + (f" [{v['condition']}]" if v["condition"] else "") for v in variants))
     return lines
 
 
