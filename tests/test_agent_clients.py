@@ -289,11 +289,11 @@ def test_responses_function_call_round_trip_streamed(client):
         call = stream.get_final_response().output[-1]
     assert kinds[:3] == ["response.created", "response.in_progress", "response.output_item.added"]
     assert kinds[-3:] == ["response.function_call_arguments.done", "response.output_item.done", "response.completed"]
-    assert call.type == "function_call" and call.name == "get_time" and json.loads(call.arguments) == {"timezone": "UTC"}
-    answer = client.responses.create(model=SERVED_NAME, tools=[RESPONSES_TIME_TOOL], temperature=0, max_output_tokens=40,
-                                     input=[{"role": "user", "content": QUESTION}, call.model_dump(exclude_none=True),
-                                            {"type": "function_call_output", "call_id": call.call_id,
-                                             "output": RESULT}])
+    assert (call.type, call.name, json.loads(call.arguments)) == ("function_call", "get_time", {"timezone": "UTC"})
+    items = [{"role": "user", "content": QUESTION}, call.model_dump(exclude_none=True),
+             {"type": "function_call_output", "call_id": call.call_id, "output": RESULT}]
+    answer = client.responses.create(model=SERVED_NAME, tools=[RESPONSES_TIME_TOOL], temperature=0,
+                                     max_output_tokens=40, input=items)
     assert "12:00" in answer.output_text
 
 

@@ -18,6 +18,7 @@ from shrike.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from shrike.server.context import RESERVED_TEMPLATE_ARGUMENTS
 from shrike.server.middleware import MAX_BODY_BYTES
 from shrike.server.protocol import SEED_RANGE
+from shrike.server.responses_schema import refine_responses_request
 
 # The API key guards these paths (see APIKeyMiddleware).
 API_KEY_PATH_PREFIX = "/v1"
@@ -218,12 +219,8 @@ def _refine_requests(schemas: dict, vocab_size: int, tokenizer_vocab_size: int, 
     set_field("StructuredOutputs", "regex", not_blank)
     set_field("StructuredOutputs", "grammar", not_blank)
     schemas["TextContentPart"]["properties"]["type"] = {"type": "string", "enum": ["text"]}
-    # Chat templates read every message's content (this server passes a missing one on as missing, which the
-    # default model's template refuses), so the portable contract is: content is always given.
-    message = schemas["ChatMessage"]
-    message["required"] = sorted({*message.get("required", []), "content"})
-    content = message["properties"]["content"]
-    content["anyOf"] = [choice for choice in content["anyOf"] if choice.get("type") != "null"]
+    # A message's content may be left out or null (an assistant turn that only calls tools): the templates get "".
+    refine_responses_request(schemas, most_tokens)
 
     tokenize = schemas["TokenizeRequest"]
     set_field("TokenizeRequest", "chat_template_kwargs", template_kwargs)

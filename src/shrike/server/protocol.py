@@ -152,17 +152,72 @@ class ChatCompletionRequest(SamplingRequest):
     add_generation_prompt: bool = True
 
 
+class ResponsesTextPart(_Request):
+    type: Literal["input_text", "output_text"]
+    text: str
+
+
+class ResponsesMessage(_Request):
+    type: Literal["message"] = "message"
+    role: Literal["user", "system", "developer", "assistant"]
+    content: str | list[ResponsesTextPart]
+
+
+class ResponsesFunctionCall(_Request):
+    type: Literal["function_call"]
+    call_id: str
+    name: str = Field(min_length=1)
+    arguments: str
+
+
+class ResponsesFunctionCallOutput(_Request):
+    type: Literal["function_call_output"]
+    call_id: str
+    output: str | list[ResponsesTextPart]
+
+
+class ResponsesReasoning(_Request):
+    type: Literal["reasoning"]  # a model's earlier reasoning: accepted, not shown to it again
+
+
+class ResponsesFunctionTool(_Request):
+    type: Literal["function"]
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ResponsesNamedToolChoice(_Request):
+    type: Literal["function"]
+    name: str
+
+
+class ResponsesTextFormat(_Request):
+    type: Literal["text", "json_object", "json_schema"]
+    name: str = "response"
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponsesText(_Request):
+    format: ResponsesTextFormat | None = None
+
+
+ResponsesItem = ResponsesMessage | ResponsesFunctionCall | ResponsesFunctionCallOutput | ResponsesReasoning
+
+
 class ResponsesRequest(_Request):
-    """OpenAI's Responses API (POST /v1/responses); input items and tools stay dicts, read in server/responses.py."""
+    """OpenAI's Responses API (POST /v1/responses), the part of it a text model serves; read in server/responses.py."""
 
     model: str | None = None
-    input: str | list[dict[str, Any]]
+    input: str | list[ResponsesItem] = Field(min_length=1)
     instructions: str | None = None
     previous_response_id: str | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    tools: list[ResponsesFunctionTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | ResponsesNamedToolChoice | None = None
     parallel_tool_calls: bool = True
-    text: dict[str, Any] | None = None
+    text: ResponsesText | None = None
     temperature: float | None = None
     top_p: float | None = None
     max_output_tokens: int | None = None

@@ -17,14 +17,14 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from pydantic import ValidationError
 from starlette.responses import Response
 
 from shrike.server.chat import create_chat_completion
 from shrike.server.context import ServerContext
 from shrike.server.errors import APIError, bad_request
 from shrike.server.generation import GenerationStream
-from shrike.server.protocol import ChatCompletionRequest, ResponsesRequest
+from shrike.server.protocol import (ChatCompletionRequest, ResponsesFunctionCall, ResponsesFunctionCallOutput,
+                                    ResponsesMessage, ResponsesNamedToolChoice, ResponsesReasoning, ResponsesRequest)
 from shrike.server.responses_items import finished_response, output_items, output_messages
 from shrike.server.responses_stream import ResponseEvents
 
@@ -83,44 +83,29 @@ def input_messages(body: ResponsesRequest) -> list[dict]:
     messages: list[dict] = []
     if body.instructions:
         messages.append({"role": "system", "content": body.instructions})
-    items = [{"role": "user", "content": body.input}] if isinstance(body.input, str) else body.input
-    for index, item in enumerate(items):
-        kind = item.get("type", "message")
-        if kind == "message":
-            messages.append({"role": item.get("role", "user"), "content": _item_text(item.get("content"), index)})
-        elif kind == "function_call":
-            call = {"id": item.get("call_id"), "type": "function",
-                    "function": {"name": item.get("name"), "arguments": item.get("arguments", "{}")}}
+    items = [ResponsesMessage(role="user", content=body.input)] if isinstance(body.input, str) else body.input
+    if all(isinstance(item, ResponsesReasoning) for item in items):
+        raise bad_request("input has only reasoning items: give a message or a function call output to answer",
+                          "input")
+    for item in items:
+        if isinstance(item, ResponsesMessage):
+            messages.append({"role": item.role, "content": _text(item.content)})
+        elif isinstance(item, ResponsesFunctionCall):
+            call = {"id": item.call_id, "type": "function",
+                    "function": {"name": item.name, "arguments": item.arguments}}
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant" and "tool_calls" in last:
                 last["tool_calls"].append(call)
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-        elif kind == "function_call_output":
-            output = item.get("output")
-            messages.append({"role": "tool", "tool_call_id": item.get("call_id"),
-                             "content": output if isinstance(output, str) else _item_text(output, index)})
-        elif kind == "reasoning":
-            continue  # a model's earlier reasoning is not shown to it again, as chat templates drop it
-        else:
-            raise bad_request(f"input.{index}: items of type {kind!r} are not supported (message, function_call, "
-                              "function_call_output and reasoning are)", "input")
+        elif isinstance(item, ResponsesFunctionCallOutput):
+            messages.append({"role": "tool", "tool_call_id": item.call_id, "content": _text(item.output)})
+        # Reasoning items: a model's earlier reasoning is not shown to it again, as chat templates drop it.
     return messages
 
 
-def _item_text(content: Any, index: int) -> str:
-    if isinstance(content, str):
-        return content
-    parts = content if isinstance(content, list) else []
-    texts = [part.get("text") for part in parts if isinstance(part, dict)
-             and part.get("type") in ("input_text", "output_text", "text", "refusal")]
-    not_text = [part.get("type") if isinstance(part, dict) else type(part).__name__ for part in parts
-                if not isinstance(part, dict) or part.get("type") not in ("input_text", "output_text", "text", "refusal")]
-    if not_text or any(not isinstance(t, str) for t in texts) or not isinstance(content, list):
-        found = f", got {not_text[0]!r}" if not_text else ""
-        raise bad_request(f"input.{index}.content: only text is supported (a string or input_text / output_text "
-                          f"parts){found}", "input")
-    return "".join(texts)
+def _text(content: str | list) -> str:
+    return content if isinstance(content, str) else "".join(part.text for part in content)
 
 
 def chat_request(body: ResponsesRequest, messages: list[dict]) -> ChatCompletionRequest:
@@ -128,47 +113,23 @@ def chat_request(body: ResponsesRequest, messages: list[dict]) -> ChatCompletion
                               "stream_options": {"include_usage": True} if body.stream else None,
                               "temperature": body.temperature, "top_p": body.top_p,
                               "max_completion_tokens": body.max_output_tokens,
-                              "parallel_tool_calls": body.parallel_tool_calls}
-    if body.model is not None:
-        fields["model"] = body.model
-    tools = [_chat_tool(tool, i) for i, tool in enumerate(body.tools or [])]
-    if tools:
-        fields["tools"] = tools
-    if body.tool_choice is not None:
-        fields["tool_choice"] = _chat_tool_choice(body.tool_choice)
-    text_format = (body.text or {}).get("format")
-    if text_format is not None and not isinstance(text_format, dict):
-        raise bad_request('text.format must be an object such as {"type": "json_schema", "name": ..., "schema": '
-                          '{...}}', "text")
-    if text_format and text_format.get("type") != "text":
-        fields["response_format"] = _chat_response_format(text_format)
-    try:
-        return ChatCompletionRequest.model_validate({k: v for k, v in fields.items() if v is not None})
-    except ValidationError as e:
-        error = e.errors()[0]
-        raise bad_request(f"{'.'.join(str(p) for p in error['loc'])}: {error['msg']}", "input") from None
-
-
-def _chat_tool(tool: dict, index: int) -> dict:
-    if tool.get("type") != "function" or not isinstance(tool.get("name"), str):
-        raise bad_request(f"tools.{index}: only function tools are supported ({{\"type\": \"function\", \"name\": "
-                          "..., \"parameters\": {...}}})", "tools")
-    return {"type": "function", "function": {key: tool[key] for key in ("name", "description", "parameters")
-                                             if tool.get(key) is not None}}
-
-
-def _chat_tool_choice(choice: Any) -> Any:
-    if isinstance(choice, dict) and choice.get("type") == "function" and "function" not in choice:
-        return {"type": "function", "function": {"name": choice.get("name")}}
-    return choice
-
-
-def _chat_response_format(text_format: dict) -> dict:
-    if text_format.get("type") == "json_schema":
-        return {"type": "json_schema", "json_schema": {"name": text_format.get("name", "response"),
-                                                       "schema": text_format.get("schema"),
-                                                       "strict": text_format.get("strict")}}
-    return {"type": text_format.get("type")}
+                              "parallel_tool_calls": body.parallel_tool_calls, "model": body.model}
+    if body.tools:
+        fields["tools"] = [{"type": "function", "function": tool.model_dump(
+            include={"name", "description", "parameters"}, exclude_none=True)} for tool in body.tools]
+    if isinstance(body.tool_choice, ResponsesNamedToolChoice):
+        fields["tool_choice"] = {"type": "function", "function": {"name": body.tool_choice.name}}
+    else:
+        fields["tool_choice"] = body.tool_choice
+    text_format = body.text.format if body.text is not None else None
+    if text_format is not None and text_format.type == "json_schema":
+        if text_format.schema_ is None:
+            raise bad_request("text.format: type json_schema needs a schema (a JSON schema object)", "text")
+        fields["response_format"] = {"type": "json_schema", "json_schema": {
+            "name": text_format.name, "schema": text_format.schema_, "strict": text_format.strict}}
+    elif text_format is not None and text_format.type == "json_object":
+        fields["response_format"] = {"type": "json_object"}
+    return ChatCompletionRequest.model_validate({k: v for k, v in fields.items() if v is not None})
 
 
 def response_skeleton(body: ResponsesRequest, response_id: str, model: str) -> dict:
@@ -177,6 +138,10 @@ def response_skeleton(body: ResponsesRequest, response_id: str, model: str) -> d
             "model": model, "output": [], "error": None, "incomplete_details": None,
             "instructions": body.instructions, "max_output_tokens": body.max_output_tokens,
             "parallel_tool_calls": body.parallel_tool_calls, "previous_response_id": body.previous_response_id,
-            "temperature": body.temperature, "top_p": body.top_p, "tool_choice": body.tool_choice or "auto",
-            "tools": body.tools or [], "text": body.text or {"format": {"type": "text"}}, "truncation": "disabled",
+            "temperature": body.temperature, "top_p": body.top_p,
+            "tool_choice": body.tool_choice.model_dump() if isinstance(body.tool_choice, ResponsesNamedToolChoice)
+            else body.tool_choice or "auto",
+            "tools": [tool.model_dump(exclude_none=True) for tool in body.tools or []],
+            "text": body.text.model_dump(by_alias=True, exclude_none=True) if body.text is not None and
+            body.text.format is not None else {"format": {"type": "text"}}, "truncation": "disabled",
             "metadata": body.metadata or {}, "usage": None}

@@ -2,8 +2,8 @@
 
 Reasoning, text and each function call become output items, opened (output_item.added), grown by
 deltas and closed (…done, output_item.done) in the order the model wrote them; the stream starts
-with response.created / response.in_progress and ends with response.completed, which carries the whole response (status "incomplete" when max_output_tokens
-cut it).
+with response.created / response.in_progress and ends with response.completed, which carries the whole
+response (status "incomplete" when max_output_tokens cut it).
 """
 from __future__ import annotations
 
