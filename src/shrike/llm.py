@@ -41,6 +41,7 @@ class LLM:
                             f"the accepted ones are {', '.join(a for a in _ENGINE_ARGS if a != 'model')}")
         self.llm_engine = LLMEngine(EngineConfig(model=model, **engine_args))
         self._token_bytes = TokenBytes(self.llm_engine.tokenizer)
+        self._grammars = None  # compiles SamplingParams.structured_outputs, made on first use
 
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
@@ -66,13 +67,20 @@ class LLM:
     def chat(self, messages: list[Message] | list[list[Message]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, use_tqdm: bool = True,
              add_generation_prompt: bool = True, tools: list[dict] | None = None,
-             chat_template_kwargs: dict[str, Any] | None = None) -> list[RequestOutput]:
-        """Answer one conversation (a list of {"role", "content"} messages) or a list of conversations."""
+             chat_template_kwargs: dict[str, Any] | None = None,
+             continue_final_message: bool = False) -> list[RequestOutput]:
+        """Answer one conversation (a list of {"role", "content"} messages) or a list of conversations.
+
+        continue_final_message: the last (assistant) message is left open and the answer continues it.
+        """
         conversations = _as_conversation_list(messages)
+        if continue_final_message and add_generation_prompt:
+            add_generation_prompt = False  # vLLM's default of True, meaningless when continuing the last message
 
         def encode(conversation: list[Message]) -> tuple[str, list[int]]:
             tok = self.llm_engine.tokenizer
             text = tok.apply_chat_template(conversation, add_generation_prompt=add_generation_prompt, tools=tools,
+                                           continue_final_message=continue_final_message,
                                            **(chat_template_kwargs or {}))
             return text, tok.encode(text, add_special_tokens=False)  # the template places any BOS itself
 
@@ -110,6 +118,31 @@ class LLM:
             return None, list(prompt)
         raise TypeError(f"a prompt must be a string, a list of token ids or a dict, got {type(prompt).__name__}")
 
+    def _prepared(self, params: SamplingParams, ids: list[int]) -> tuple[SamplingParams, list[int]]:
+        """vLLM's fields the engine does not read, turned into what it does; the caller's params stay as given."""
+        constraint = params.structured_outputs or params.guided_decoding
+        if constraint is None and not params.bad_words and params.truncate_prompt_tokens is None:
+            return params, ids
+        params = params.clone()
+        tok = self.llm_engine.tokenizer
+        if constraint is not None:
+            name = "structured_outputs" if params.structured_outputs is not None else "guided_decoding"
+            params.grammar = self._grammar_compiler().compile(constraint.spec(name))
+        # As vLLM: each bad word as written and with a leading space (how it appears after another word).
+        spellings = {tuple(tok.encode(spelling, add_special_tokens=False))
+                     for word in params.bad_words or [] for spelling in (word, " " + word.lstrip())}
+        params.bad_words_token_ids = [list(word_ids) for word_ids in spellings if word_ids]
+        if params.truncate_prompt_tokens is not None:
+            ids = ids[-params.truncate_prompt_tokens:]
+        return params, ids
+
+    def _grammar_compiler(self):
+        if self._grammars is None:
+            from shrike.sampling.grammar_backends import new_grammar_compiler
+            self._grammars = new_grammar_compiler("llguidance", self.llm_engine.tokenizer,
+                                                  self.llm_engine.model_config.vocab_size)
+        return self._grammars
+
     def _params_for(self, sampling_params, count: int) -> list[SamplingParams]:
         if sampling_params is None:
             return [self.get_default_sampling_params()] * count
@@ -124,6 +157,9 @@ class LLM:
         params = self._params_for(sampling_params, len(items))
         engine = self.llm_engine
         encoded = [encode(item) for item in items]
+        prepared = [self._prepared(p, ids) for (_, ids), p in zip(encoded, params)]
+        params = [p for p, _ in prepared]
+        encoded = [(text, ids) for (text, _), (_, ids) in zip(encoded, prepared)]
         for (_, ids), p in zip(encoded, params):
             engine.check_request(ids, p)  # refuse the whole call before any work starts
         builders: dict[str, _OutputBuilder] = {}
@@ -151,7 +187,7 @@ class LLM:
 
     def _stream(self, text: str | None, ids: list[int], sampling_params: SamplingParams | None
                 ) -> Iterator[RequestOutput]:
-        params = sampling_params or self.get_default_sampling_params()
+        params, ids = self._prepared(sampling_params or self.get_default_sampling_params(), ids)
         engine = self.llm_engine
         request_id = str(next(_request_ids))
         engine.add_request(request_id, ids, params)
@@ -187,6 +223,7 @@ class _OutputBuilder:
             seq.text += delta.text
             seq.token_ids += delta.token_ids
             seq.finish_reason = delta.finish_reason or seq.finish_reason
+            seq.stop_reason = delta.stop_reason if delta.stop_reason is not None else seq.stop_reason
             if seq.logprobs is not None:
                 for entry in delta.logprobs:
                     seq.logprobs.append(self._position(entry))

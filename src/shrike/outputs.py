@@ -27,6 +27,7 @@ class CompletionOutput:
     cumulative_logprob: float | None = None  # only with logprobs requested
     logprobs: list[PositionLogprobs] | None = None
     finish_reason: str | None = None  # stop, length or abort
+    stop_reason: int | str | None = None  # the stop string or stop token id that ended it; None for EOS or length
 
     def finished(self) -> bool:
         return self.finish_reason is not None

@@ -71,7 +71,7 @@ class Tokenizer:
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
                             tools: list[dict] | None = None, documents: list[dict] | None = None,
-                            **template_kwargs: Any) -> str:
+                            continue_final_message: bool = False, **template_kwargs: Any) -> str:
         """Render a conversation as transformers' apply_chat_template(tokenize=False) does.
 
         Except where the template would lose tool calling: a message without content gets "" and, if the
@@ -85,7 +85,11 @@ class Tokenizer:
         messages = [_normalized_message(message) for message in messages]
         if tools or any(m.get("tool_calls") or m.get("role") == "tool" for m in messages):
             messages = adapt_conversation(messages, tools, self._tool_support(source))
-        return self._render(source, messages, tools, documents, add_generation_prompt, template_kwargs)
+        if continue_final_message and add_generation_prompt:
+            raise ValueError("continue_final_message and add_generation_prompt exclude each other: the first "
+                             "continues the last message, the second starts a new one")
+        prompt = self._render(source, messages, tools, documents, add_generation_prompt, template_kwargs)
+        return _open_final_message(prompt, messages[-1]) if continue_final_message else prompt
 
     def tool_support(self, tools: list[dict] | None) -> TemplateToolSupport:
         """What the chat template used with these tools does with tools, tool calls and tool results."""
@@ -171,6 +175,18 @@ class IncrementalDecoder:
         context_text = decode(context, skip_special_tokens=self._skip_special_tokens)
         full_text = decode(self._ids[self._context_start:], skip_special_tokens=self._skip_special_tokens)
         return full_text[len(context_text):]
+
+
+def _open_final_message(prompt: str, final: dict) -> str:
+    """The prompt cut right after the last message's text, so that generation continues it (as transformers)."""
+    content = final.get("content")
+    text = content if isinstance(content, str) else "".join(
+        part.get("text", "") for part in content or [] if isinstance(part, dict))
+    if text not in prompt:
+        text = text.strip()  # templates that trim messages (Llama 3.1's) show the trimmed text
+    if not text or text not in prompt:
+        raise ValueError("continue_final_message: the last message's text does not appear in the rendered prompt")
+    return prompt[:prompt.rindex(text) + len(text)]
 
 
 def _read_json(path: Path) -> dict:

@@ -31,6 +31,7 @@ class CompletionDelta:
     text: str
     logprobs: list[TokenLogprobs]
     finish_reason: str | None = None  # stop, length or abort, once finished
+    stop_reason: int | str | None = None  # the stop string or stop token id that ended it (None: EOS, length)
 
 
 @dataclass
@@ -120,7 +121,7 @@ class LLMEngine:
         self.requests[request_id] = _Request(
             request_id, list(prompt_ids), params, seqs,
             [IncrementalDecoder(self.tokenizer, params.skip_special_tokens) for _ in seqs],
-            [StopStringFilter(params.stop) for _ in seqs], [0] * len(seqs))
+            [StopStringFilter(params.stop, params.include_stop_str_in_output) for _ in seqs], [0] * len(seqs))
         for seq in seqs:
             self.scheduler.add(seq)
 
@@ -157,16 +158,21 @@ class LLMEngine:
         for seq, reason, num_new in seqs:
             tokens = seq.output_ids[len(seq.output_ids) - num_new:]
             decoder, stop_filter = request.decoders[seq.index], request.stop_filters[seq.index]
-            text = ""
+            text, stop_reason = "", None
+            params = request.params
             for i, token in enumerate(tokens):
                 last = i == len(tokens) - 1
-                # A stop or EOS token ends the text without being part of it.
-                piece = "" if last and reason == "stop" else decoder.push(token)
+                ending = last and reason == "stop"
+                if ending and token in params.stop_token_ids and token not in seq.sampling_row.eos_ids:
+                    stop_reason = token
+                # A stop or EOS token ends the text without being part of it (unless include_stop_str_in_output).
+                piece = "" if ending and not params.include_stop_str_in_output else decoder.push(token)
                 if last and reason is not None:
                     piece += decoder.flush()
                 piece, hit_stop_string = stop_filter.push(piece)
                 text += piece
-                if hit_stop_string:
+                if hit_stop_string is not None:
+                    stop_reason = hit_stop_string
                     # Tokens verified after the one completing the stop string are not output.
                     seq.drop_tokens_after(seq.num_tokens - (len(tokens) - 1 - i))
                     tokens = tokens[:i + 1]
@@ -178,7 +184,7 @@ class LLMEngine:
             sent = request.emitted_logprobs[seq.index]
             logprobs = seq.output_logprobs[sent:]
             request.emitted_logprobs[seq.index] = len(seq.output_logprobs)
-            deltas.append(CompletionDelta(seq.index, tokens, text, logprobs, reason))
+            deltas.append(CompletionDelta(seq.index, tokens, text, logprobs, reason, stop_reason))
         finished = all(s.is_finished for s in request.seqs)
         prompt_logprobs = None
         if request.params.prompt_logprobs is not None and not request.prompt_logprobs_sent:

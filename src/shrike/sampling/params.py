@@ -1,8 +1,11 @@
 """Per-request generation settings, validated once when the request arrives."""
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+from shrike.sampling.structured_params import GuidedDecodingParams, StructuredOutputsParams  # noqa: F401 - re-exported
 
 if TYPE_CHECKING:
     from shrike.sampling.grammar import CompiledGrammar
@@ -30,6 +33,15 @@ class SamplingParams:
     skip_special_tokens: bool = True
     n: int = 1
     grammar: "CompiledGrammar | None" = None  # constrained decoding: every choice follows this grammar
+    # vLLM's names for the same and more (LLM compiles structured_outputs / guided_decoding into grammar)
+    structured_outputs: "StructuredOutputsParams | None" = None
+    guided_decoding: "StructuredOutputsParams | None" = None  # vLLM's older name for structured_outputs
+    include_stop_str_in_output: bool = False  # keep the stop string (or stop token's text) that ended the output
+    logit_bias: dict[int, float] | None = None  # added to the logits of those token ids before sampling
+    allowed_token_ids: list[int] | None = None  # only these tokens may be sampled
+    bad_words: list[str] | None = None  # words never generated (LLM tokenizes them into bad_words_token_ids)
+    bad_words_token_ids: list[list[int]] = field(default_factory=list, repr=False)
+    truncate_prompt_tokens: int | None = None  # keep only the prompt's last k tokens
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -57,6 +69,23 @@ class SamplingParams:
             check(value is None or 0 <= value <= MAX_LOGPROBS, f"{name} must be in [0, {MAX_LOGPROBS}], got {value}")
         check(self.n >= 1, f"n must be at least 1, got {self.n}")
         check(all(isinstance(s, str) and s for s in self.stop), "stop must be non-empty strings")
+        check(self.structured_outputs is None or self.guided_decoding is None,
+              "give structured_outputs or guided_decoding (its older name), not both")
+        check(self.truncate_prompt_tokens is None or self.truncate_prompt_tokens >= 1,
+              f"truncate_prompt_tokens must be at least 1, got {self.truncate_prompt_tokens}")
+        check(self.allowed_token_ids is None or len(self.allowed_token_ids) > 0,
+              "allowed_token_ids must not be empty (no token could be sampled)")
+        check(all(isinstance(w, str) and w for w in self.bad_words or []), "bad_words must be non-empty strings")
+
+    def clone(self) -> "SamplingParams":
+        """A copy whose lists and dicts can be changed independently (a compiled grammar is shared: it is immutable)."""
+        grammar, self.grammar = self.grammar, None
+        try:
+            copied = copy.deepcopy(self)
+        finally:
+            self.grammar = grammar
+        copied.grammar = grammar
+        return copied
 
     @property
     def greedy(self) -> bool:

@@ -103,6 +103,25 @@ def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
         logits[idx] -= presence * (output > 0) + frequency * output
 
 
+def _apply_token_rules(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
+    """logit_bias, allowed_token_ids and bad_words (vLLM's): each row's own, in place."""
+    vocab = logits.shape[1]
+    for i, row in enumerate(rows):
+        p = row.params
+        if p.logit_bias:
+            ids = [t for t in p.logit_bias if 0 <= t < vocab]
+            logits[i, ids] += torch.tensor([p.logit_bias[t] for t in ids], dtype=logits.dtype)
+        if p.allowed_token_ids is not None:
+            keep = torch.full((vocab,), float("-inf"), dtype=logits.dtype)
+            keep[[t for t in p.allowed_token_ids if 0 <= t < vocab]] = 0
+            logits[i] += keep
+        # A bad word's last token is banned where the output already ends with the tokens before it.
+        banned = [word[-1] for word in p.bad_words_token_ids
+                  if len(word) == 1 or row.output_ids[len(row.output_ids) - len(word) + 1:] == word[:-1]]
+        if banned:
+            logits[i, [t for t in banned if t < vocab]] = float("-inf")
+
+
 def _ban_end_tokens(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
     """Keep stop and EOS tokens out until a row has min_tokens."""
     for i, row in enumerate(rows):
@@ -197,6 +216,7 @@ def processed_logits(logits: torch.Tensor, rows: list[SamplingRow]) -> tuple[tor
     constrained row indices."""
     logits = logits.clone()
     _apply_penalties(logits, rows)
+    _apply_token_rules(logits, rows)
     _ban_end_tokens(logits, rows)
     return logits, _apply_grammars(logits, rows)
 
