@@ -11,6 +11,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from test_server_lifecycle import running_server
 
+from shrike.server.middleware import OPEN_PATHS
+
 API_KEY = "openapi-key"
 MAX_MODEL_LEN = 64  # keeps every generated request short
 TESTS = Path(__file__).parent
@@ -60,10 +62,16 @@ def test_every_error_is_documented_with_the_openai_schema(document):
                 if code != "200":
                     assert response["content"]["application/json"]["schema"] == error_ref, (method, path, code)
     completions = document["paths"]["/v1/completions"]["post"]
-    assert set(completions["responses"]) == {"200", "400", "401", "404", "413", "503"}
+    assert set(completions["responses"]) == {"200", "400", "401", "404", "408", "413", "503"}
     assert set(completions["responses"]["200"]["content"]) == {"application/json", "text/event-stream"}
     assert completions["security"] == [{"bearer": []}]
-    assert "security" not in document["paths"]["/tokenize"]["post"]
+    # Every route the key guards says so, and the open ones say nothing.
+    for path, operations in document["paths"].items():
+        for method, operation in operations.items():
+            guarded = path not in OPEN_PATHS
+            assert (operation.get("security") == [{"bearer": []}]) == guarded, (method, path)
+            assert ("401" in operation["responses"]) == guarded, (method, path)
+    assert "/tokenize" in document["paths"] and "/tokenizer_info" in document["paths"]
     assert set(document["paths"]["/metrics"]["get"]["responses"]["200"]["content"]) == {"text/plain"}
     assert "content" not in document["paths"]["/health"]["get"]["responses"]["200"]
     assert "/" not in document["paths"] and "/tokenizer_info" in document["paths"]
@@ -103,3 +111,25 @@ def test_chat_page_can_be_turned_off(server, short_server):
     assert httpx.get(f"{server.base_url}/web/app.js").headers["content-type"].startswith("text/javascript")
     off = httpx.get(f"{short_server.base_url}/")
     assert off.status_code == 404 and off.json()["error"]["type"] == "not_found_error"
+
+
+@pytest.mark.parametrize("constraints", [
+    {"guided_regex": "a+", "guided_choice": ["a"]},
+    {"structured_outputs": {"regex": "a+", "choice": ["a"]}},
+    {"structured_outputs": {}},
+    {"response_format": {"type": "json_object"}, "guided_regex": "a+"},
+    {"structured_outputs": {"regex": "a+"}, "guided_choice": ["a"]},
+    {"tool_choice": "required", "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+     "guided_choice": ["a"]},
+], ids=["two guided", "two structured keys", "no structured key", "format and guided", "structured and guided",
+        "forced call and guided"])
+def test_what_the_server_refuses_together_the_document_forbids(server, document, constraints):
+    from jsonschema import Draft202012Validator
+    validator = Draft202012Validator({"$ref": "#/components/schemas/ChatCompletionRequest",
+                                      "components": document["components"]})
+    body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+    assert validator.is_valid({**body, "guided_regex": "a+"})
+    assert not validator.is_valid({**body, **constraints})
+    response = httpx.post(f"{server.base_url}/v1/chat/completions", json={**body, **constraints}, timeout=120,
+                          headers={"Authorization": f"Bearer {API_KEY}"})
+    assert response.status_code == 400, response.text

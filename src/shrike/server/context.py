@@ -174,8 +174,8 @@ def _template_failure(error: Exception) -> str:
     if isinstance(error, (ValueError, TypeError)) and _raised_by_shrike(error):
         return f"the messages cannot be rendered with the chat template: {_one_line(error)}"
     logger.info("the chat template failed on a request's messages: %s: %s", type(error).__name__, _one_line(error))
-    return ("the chat template cannot render these messages (a field or value it expects is missing or of "
-            "another type); check the roles, contents and chat_template_kwargs against this model's template")
+    return ("these messages cannot be rendered with the chat template (a field or value it expects is missing or "
+            "of another type); check the roles, contents and chat_template_kwargs against this model's template")
 
 
 _SHRIKE_PACKAGE = Path(__file__).resolve().parents[1]

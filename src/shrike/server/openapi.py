@@ -16,12 +16,9 @@ from shrike.sampling.params import MAX_LOGPROBS
 from shrike.server.errors import RETRY_AFTER_SECONDS
 from shrike.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from shrike.server.context import RESERVED_TEMPLATE_ARGUMENTS
-from shrike.server.middleware import MAX_BODY_BYTES
+from shrike.server.middleware import MAX_BODY_BYTES, OPEN_PATHS, OPEN_PREFIXES
 from shrike.server.protocol import SEED_RANGE
 from shrike.server.responses_schema import refine_responses_request
-
-# The API key guards these paths (see APIKeyMiddleware).
-API_KEY_PATH_PREFIX = "/v1"
 
 ERROR_SCHEMA = {
     "type": "object", "required": ["error"], "additionalProperties": False,
@@ -36,6 +33,7 @@ _ERROR_DESCRIPTIONS = {
     "401": "The API key is missing or wrong: send `Authorization: Bearer <key>`.",
     "404": "The `model` named in the request is not served here (/v1/responses: or no response with the "
            "`previous_response_id` is stored).",
+    "408": "The request body stopped arriving for longer than the server's --body-timeout; the connection is closed.",
     "413": f"The request body is larger than {MAX_BODY_BYTES >> 20} MiB.",
     "503": "The server is busy (`queue_full`, retry after `Retry-After` seconds), shutting down, or a model step "
            "failed; the request may succeed when sent again.",
@@ -127,7 +125,10 @@ def _correct_operation(path: str, method: str, operation: dict, api_key_required
     else:
         ok["content"] = {"application/json": {"schema": {"type": "object"}}}
     codes = list(_ERRORS_BY_OPERATION.get((path, method), ["400"]))
-    if api_key_required and path.startswith(API_KEY_PATH_PREFIX):
+    if method == "post":
+        codes.append("408")
+    # The key guards every path but the open ones (APIKeyMiddleware), so each route says which it is.
+    if api_key_required and path not in OPEN_PATHS and not path.startswith(OPEN_PREFIXES):
         codes.append("401")
         operation["security"] = [{"bearer": []}]
     for code in sorted(codes):
@@ -140,6 +141,35 @@ def _correct_operation(path: str, method: str, operation: dict, api_key_required
         elif code == "401":
             response["headers"] = {"WWW-Authenticate": {"schema": {"type": "string"}}}
         responses[code] = response
+
+
+_GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
+_STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "structural_tag")
+
+
+def _given(name: str) -> dict:
+    return {"required": [name], "properties": {name: {"not": {"type": "null"}}}}
+
+
+def _at_most_one(conditions: list[dict]) -> dict:
+    return {"not": {"anyOf": [{"allOf": [a, b]} for i, a in enumerate(conditions) for b in conditions[i + 1:]]}}
+
+
+def _one_constraint(schemas: dict) -> None:
+    """The server takes one output constraint (structured.py): say so, so a generated request has at most one."""
+    schemas["StructuredOutputs"]["oneOf"] = [
+        *[_given(kind) for kind in _STRUCTURED_KINDS],
+        {"required": ["json_object"], "properties": {"json_object": {"const": True}}}]
+    constraints = [
+        {"required": ["response_format"], "properties": {"response_format": {
+            "type": "object", "required": ["type"], "properties": {"type": {"enum": ["json_object", "json_schema"]}}}}},
+        _given("structured_outputs"), *[_given(name) for name in _GUIDED_FIELDS]]
+    for name in ("CompletionRequest", "ChatCompletionRequest"):
+        schemas[name].setdefault("allOf", []).append(_at_most_one(constraints))
+    # A forced tool call is itself the constraint (tool_choice "required" or a named function).
+    forced_call = {"required": ["tool_choice"], "properties": {"tool_choice": {"anyOf": [
+        {"const": "required"}, {"type": "object"}]}}}
+    schemas["ChatCompletionRequest"]["allOf"].append({"not": {"allOf": [forced_call, {"anyOf": constraints}]}})
 
 
 def _bound_sampling_fields(schema: dict) -> None:
@@ -218,6 +248,7 @@ def _refine_requests(schemas: dict, vocab_size: int, tokenizer_vocab_size: int, 
     set_field("StructuredOutputs", "choice", choice)
     set_field("StructuredOutputs", "regex", not_blank)
     set_field("StructuredOutputs", "grammar", not_blank)
+    _one_constraint(schemas)
     schemas["TextContentPart"]["properties"]["type"] = {"type": "string", "enum": ["text"]}
     # A message's content may be left out or null (an assistant turn that only calls tools): the templates get "".
     refine_responses_request(schemas, most_tokens)
