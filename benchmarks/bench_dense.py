@@ -15,7 +15,7 @@ import time
 import torch
 
 from shrike import _C, kernels
-from shrike.layers.linear import weight_for_op
+from shrike.ops import weight_for_op
 from shrike.ops import dense_linear_kernel
 
 SHAPES = [(576, 576), (1536, 576), (576, 1536), (49152, 576), (2560, 2048), (12288, 2048), (2048, 6144),

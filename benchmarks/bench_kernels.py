@@ -27,7 +27,7 @@ import time
 import torch
 
 from shrike import _C, kernels
-from shrike.layers.linear import weight_for_op
+from shrike.ops import weight_for_op
 from shrike.ops import dense_linear_kernel
 
 SHAPES = {"qkv": (2560, 2048), "o": (2048, 2048), "gate_up": (12288, 2048), "down": (2048, 6144)}

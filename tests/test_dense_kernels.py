@@ -17,7 +17,8 @@ import torch
 
 from shrike import _C
 from shrike.kernels import DenseTileWeight
-from shrike.layers.linear import DenseLinear, weight_for_op
+from shrike.layers.linear import DenseLinear
+from shrike.ops import weight_for_op
 from shrike.executor.step import EagerStep
 from shrike.ops import builtin_op_table, dense_linear_kernel, dense_linear_reference
 from shrike.plugins import build_registry

@@ -142,6 +142,15 @@ def test_no_module_imports_a_layer_above_its_own(graph):
     assert upward_imports(graph) == []
 
 
+# Only the op layer calls into the compiled extension: kernels.py (the packed weight forms and the thread pool),
+# the ops, the weight-format table and the executor that lowers a tape onto C++.
+KERNEL_CALLERS = {"shrike.kernels", "shrike.ops", "shrike.weight_formats", "shrike.executor.compile"}
+
+
+def test_only_the_op_layer_imports_the_extension(graph):
+    assert sorted(m for m, targets in graph.items() if "shrike._C" in targets and m not in KERNEL_CALLERS) == []
+
+
 def test_the_checks_see_a_cycle_and_an_upward_import():
     made_up = {"shrike.ops": {"shrike.layers.norm"}, "shrike.layers.norm": {"shrike.ops"}, "shrike.errors": set()}
     assert cycles(made_up) == [["shrike.layers.norm", "shrike.ops"]]

@@ -26,7 +26,7 @@ float kv_int8_scale(const Int8* row, int64_t head_dim) {
   return scale;
 }
 
-// Quantizes x (head_dim floats) into row; must match shrike.layers.kv_int8.quantize bit for bit.
+// Quantizes x (head_dim floats) into row; must match shrike.kv_int8.quantize bit for bit.
 template <class Int8 = int8_t>
 void kv_int8_quantize(const float* x, int64_t head_dim, Int8* row) {
   float amax = 0.f;

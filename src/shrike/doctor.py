@@ -22,30 +22,11 @@ from shrike.platform.topology import Topology, read_topology, resolve_binding
 
 def _kernel_section(problems: list[str]) -> dict[str, Any]:
     try:
-        from shrike import _C
+        from shrike import kernels
     except ImportError as error:
         problems.append(f"the kernel extension shrike._C does not load ({error}); reinstall Shrike")
         return {"error": str(error)}
-    return {
-        "features": dict(_C.cpu_features()),
-        "active_isa": _C.active_isa(),
-        # The variant can depend on the row count (Arm I8MM, x86 AMX).
-        "linear_variants": {
-            scheme: {"decode_m1": _C.linear_variant(scheme, 1), "prefill": _C.linear_variant(scheme, 512)}
-            for scheme in ("w4a8", "w8a8")
-        },
-        # Unquantized layers and the lm_head, by model dtype: "amx" is the AMX-BF16 tile order.
-        "dense_variants": {dtype: _C.dense_variant(dtype, dtype) for dtype in ("bfloat16", "float32")},
-        # paged_attention by (query, cache) dtype at head_dim 128; "amx" is the AMX-BF16 tile walk.
-        "attention_variants": {f"{q} queries, {cache} cache": _C.attention_variant(q, cache, 128)
-                               for q, cache in (("bfloat16", "bfloat16"), ("bfloat16", "int8"), ("float32", "float32"))},
-        "available_isas": list(_C.available_isas()),
-        "shrike_isa": os.environ.get("SHRIKE_ISA"),
-        # Each op's variants table, best first: a call runs the first whose level the active level includes
-        # and whose condition holds.
-        "variant_tables": {op: [{"variant": name, "condition": condition} for name, condition in variants]
-                           for op, variants in _C.variant_tables()},
-    }
+    return {**kernels.describe(), "shrike_isa": os.environ.get("SHRIKE_ISA")}
 
 
 def _topology_section(topology: Topology, config: EngineConfig, problems: list[str]) -> dict[str, Any]:

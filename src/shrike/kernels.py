@@ -53,6 +53,29 @@ def set_isa(name: str) -> None:
     _C.set_isa(name)
 
 
+def describe() -> dict:
+    """What the kernel core runs on this CPU, for shrike doctor."""
+    return {
+        "features": dict(_C.cpu_features()),
+        "active_isa": _C.active_isa(),
+        # The variant can depend on the row count (Arm I8MM, x86 AMX).
+        "linear_variants": {
+            scheme: {"decode_m1": _C.linear_variant(scheme, 1), "prefill": _C.linear_variant(scheme, 512)}
+            for scheme in ("w4a8", "w8a8")
+        },
+        # Unquantized layers and the lm_head, by model dtype: "amx" is the AMX-BF16 tile order.
+        "dense_variants": {dtype: _C.dense_variant(dtype, dtype) for dtype in ("bfloat16", "float32")},
+        # paged_attention by (query, cache) dtype at head_dim 128; "amx" is the AMX-BF16 tile walk.
+        "attention_variants": {f"{q} queries, {cache} cache": _C.attention_variant(q, cache, 128)
+                               for q, cache in (("bfloat16", "bfloat16"), ("bfloat16", "int8"), ("float32", "float32"))},
+        "available_isas": list(_C.available_isas()),
+        # Each op's variants table, best first: a call runs the first whose level the active level includes
+        # and whose condition holds.
+        "variant_tables": {op: [{"variant": name, "condition": condition} for name, condition in variants]
+                           for op, variants in _C.variant_tables()},
+    }
+
+
 def set_threads(n: int | None = None, cpu_bind: str | None = None) -> None:
     """Size the kernel thread pool and optionally pin it.
 

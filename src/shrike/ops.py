@@ -10,7 +10,7 @@ Linear ops take the weight object their format's loader built: ``kernels.W4A8Wei
 ``W8A8Weight`` / ``WeightOnlyWeight`` with the kernel backend, the ``reference_kernels`` weights with
 ``--kernel-backend reference``, and a (N, K) tensor for ``dense_linear``, except that the built-in
 dense kernel takes bf16 weights packed as ``kernels.DenseTileWeight`` when it runs on AMX tiles
-(``shrike.layers.linear.weight_for_op`` packs them only for it). Their bias is float32 for the
+(``weight_for_op`` packs them only for it). Their bias is float32 for the
 quantized formats and in the weight's dtype for dense layers.
 
 ``paged_attention`` takes an optional trailing ``sliding_window`` (0 = off); only Gemma 3's sliding
@@ -278,6 +278,17 @@ def dense_linear_kernel(x: torch.Tensor, weight, bias: torch.Tensor | None, out:
         _C.dense_linear_tiles(x, weight.tiles, weight.n, bias, out)
     else:
         _C.dense_linear(x, weight, bias, out)
+
+
+def weight_for_op(weight: torch.Tensor, op) -> torch.Tensor | DenseTileWeight:
+    """`weight` (N, K) in the form `op` takes. The built-in kernel op takes bf16 weights packed once as
+    AMX-BF16 tiles when the tile variant is what it runs for bf16 (the packed form replaces the tensor for a
+    caller that keeps only what this returns); every other op (the reference, a plugin's), dtype or kernel
+    level takes the tensor."""
+    if op is dense_linear_kernel and weight.dtype == torch.bfloat16 and \
+            _C.dense_variant("bfloat16", "bfloat16") == "amx":
+        return DenseTileWeight.from_dense(weight)
+    return weight
 
 
 def register_builtin_ops(registry: Registry) -> None:

@@ -5,8 +5,8 @@ from collections.abc import Callable
 
 import torch
 
-from shrike import _C
 from shrike.kernels import DenseTileWeight
+from shrike.ops import weight_for_op
 from shrike.model.weights import CheckpointTensors
 
 # The "dense_linear" op (shrike.ops): (x (M, K), weight, bias (N,) float32 or None, out (M, N)) -> None, the
@@ -15,23 +15,10 @@ from shrike.model.weights import CheckpointTensors
 DenseOp = Callable[[torch.Tensor, "torch.Tensor | DenseTileWeight", "torch.Tensor | None", torch.Tensor], None]
 
 
-def weight_for_op(weight: torch.Tensor, op: DenseOp) -> torch.Tensor | DenseTileWeight:
-    """`weight` (N, K) in the form `op` takes. The built-in kernel op takes bf16 weights packed once as
-    AMX-BF16 tiles when the tile variant is what it runs for bf16 (the packed form replaces the tensor for a
-    caller that keeps only what this returns); every other op (the reference, a plugin's), dtype or kernel
-    level takes the tensor."""
-    from shrike.ops import dense_linear_kernel
-
-    if op is dense_linear_kernel and weight.dtype == torch.bfloat16 and \
-            _C.dense_variant("bfloat16", "bfloat16") == "amx":
-        return DenseTileWeight.from_dense(weight)
-    return weight
-
-
 class DenseLinear:
     op_name = "dense_linear"
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, op: DenseOp = _C.dense_linear):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, op: DenseOp):
         """op: the dense_linear the op table resolved, which decides the weight's form (weight_for_op)."""
         self.out_features, self.in_features = weight.shape
         self.weight = weight_for_op(weight.contiguous(), op)  # (out_features, in_features), or its tiles
@@ -39,7 +26,7 @@ class DenseLinear:
 
     @classmethod
     def load(cls, tensors: CheckpointTensors, prefixes: list[str], in_features: int, out_features: list[int],
-             bias: bool, dtype: torch.dtype, op: DenseOp = _C.dense_linear) -> "DenseLinear":
+             bias: bool, dtype: torch.dtype, op: DenseOp) -> "DenseLinear":
         parts = [tensors.get(f"{p}.weight", (n, in_features), dtype) for p, n in zip(prefixes, out_features)]
         biases = [tensors.get(f"{p}.bias", (n,), dtype) for p, n in zip(prefixes, out_features)] if bias else None
         weight = parts[0] if len(parts) == 1 else torch.cat(parts)

@@ -11,7 +11,8 @@ import torch
 
 from shrike.errors import ConfigError
 from shrike.layers.attention import KVCache
-from shrike.layers.linear import DenseLinear, weight_for_op
+from shrike.layers.linear import DenseLinear
+from shrike.ops import weight_for_op
 from shrike.layers.lm_head import LMHead
 from shrike.layers.norm import RMSNorm
 from shrike.layers.rotary import RotaryEmbedding

@@ -9,7 +9,7 @@ import threading
 
 import uvicorn
 
-from shrike import __version__, _C
+from shrike import __version__, kernels
 from shrike.default_model import DEFAULT_GGUF_FILE
 from shrike.engine.async_engine import AsyncEngine
 from shrike.engine.config import engine_config_from_args
@@ -119,7 +119,7 @@ def _startup_line(ctx: ServerContext, engine: LLMEngine, host: str, port: int, g
     shown_host = f"[{host}]" if ":" in host else host
     return (f"Shrike {__version__} serving {ctx.model_name!r} at http://{shown_host}:{port}/v1 - "
             f"weights {engine.model_dir}, dtype {str(engine.dtype).removeprefix('torch.')}, "
-            f"kernels {_C.active_isa()}, max-model-len {engine.max_model_len}, "
+            f"kernels {kernels.active_isa()}, max-model-len {engine.max_model_len}, "
             f"KV cache {str(engine.kv_dtype).removeprefix('torch.')} {plan.bytes_per_token} bytes/token, "
             f"{plan.capacity_tokens} tokens in {plan.cache_bytes / (1 << 30):.2f} GiB ({plan.reason}; "
             f"{plan.max_concurrent_full_sequences} full-length sequences), "
