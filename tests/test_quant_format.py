@@ -19,7 +19,7 @@ from shrike.model.config import ModelConfig
 from shrike.model.loader import load_model
 from shrike.quantization.compressed_tensors_format import QuantizationPlan, pack_int4, unpack_int
 from shrike.quantization.quantize_checkpoint import linear_prefixes, quantize_checkpoint
-from shrike.quantization.quantizer import dequantize, quantize_weight
+from shrike.quantization.quantizer import dequantize
 from shrike.quantization.safetensors_io import CheckpointFiles
 from shrike.quantization.schemes import SCHEMES
 from shrike.synth import synthesize
@@ -88,25 +88,6 @@ def test_supported_schemes_parse(weights, acts, fmt, name):
     assert layer.name == name and layer.weight_only == (acts is None)
 
 
-@pytest.mark.parametrize("name", ["w4a8-g32", "w8a8"])
-def test_round_to_nearest_and_clip_search(name):
-    scheme = SCHEMES[name]
-    gen = torch.Generator().manual_seed(0)
-    weight = (torch.randn(64, 256, generator=gen) * 0.02)
-    weight[3, 5] = 0.5  # an outlier that clipping may trade away
-    weight = weight.bfloat16()
-    plain_q, plain_s = quantize_weight(weight, scheme, torch.bfloat16)
-    clip_q, clip_s = quantize_weight(weight, scheme, torch.bfloat16, clip_search=True)
-    assert plain_s.dtype == torch.bfloat16 and plain_q.dtype == torch.int8
-    assert plain_q.abs().max() <= scheme.max_level and clip_q.min() >= -scheme.max_level - 1
-    dense = weight.float()
-    plain_error = (dequantize(plain_q, plain_s) - dense).square().sum()
-    clip_error = (dequantize(clip_q, clip_s) - dense).square().sum()
-    assert clip_error <= plain_error
-    step = plain_s.float().repeat_interleave(scheme.group_size or 256, dim=1)
-    assert ((dequantize(plain_q, plain_s) - dense).abs() <= step / 2 + 1e-6).all()  # round to nearest
-
-
 @pytest.fixture(scope="module")
 def dense_tiny(tmp_path_factory):
     path = tmp_path_factory.mktemp("dense") / "tiny"
@@ -130,7 +111,9 @@ def test_library_decompresses_what_we_write(dense_tiny, tmp_path, name, fmt):
             unpack_int(stored["weight_packed"], SCHEMES[name].weight_bits, weight.shape[1])
         assert torch.equal(weight, dequantize(values, stored["weight_scale"]).to(weight.dtype))
         dense = source.read(f"{prefix}.weight").float()
-        assert (weight.float() - dense).abs().max() <= stored["weight_scale"].float().max()
+        # The default scale search may clip a group's largest weights: by at most (L + 0.5) / 0.55 - L steps.
+        level = SCHEMES[name].max_level
+        assert (weight.float() - dense).abs().max() <= ((level + 0.5) / 0.55 - level) * stored["weight_scale"].float().max()
 
 
 @pytest.mark.parametrize("preset, fmt, group_size", [("W4A8", "int-quantized", 128), ("W4A8", "pack-quantized", 32),
@@ -175,7 +158,7 @@ def test_we_load_what_the_library_writes(dense_tiny, tmp_path, monkeypatch, pres
             ours = dequantize(weight.values, weight.scale.reshape(weight.values.shape[0], -1))  # (N, K) fp32
             library = torch.cat([expected[f"{p}.{name}"] for name in names])
             assert torch.equal(ours.to(library.dtype), library)
-    assert torch.equal(reference.model.lm_head, source.read("lm_head.weight"))  # ignored: stays bf16
+    assert torch.equal(reference.model.lm_head.weight, source.read("lm_head.weight"))  # ignored: stays bf16
     ids = list(range(100, 140))
     # Bit for bit with the fp32 attention walk, whose bf16 outputs equal SDPA's on this model; the AMX walk's
     # differ from them by one bf16 step on ~0.3% of the elements (tests/test_attention_amx.py), so the
@@ -208,12 +191,12 @@ def test_quantize_command_every_scheme_and_format(dense_tiny, tmp_path, monkeypa
     assert layer.qkv_proj.format == ("weight_only" if "a16" in scheme else scheme.split("-")[0])
 
 
-def test_quantize_weight_only_with_calibration_and_clip_search(dense_tiny, tmp_path):
+def test_quantize_weight_only_with_calibration(dense_tiny, tmp_path):
     """Weight-only schemes use the calibration text for the clipping search only (no smoothing: activations
     are not quantized), so the weights stay a rounding of the originals."""
     dst = tmp_path / "w4a16"
     text = Path(__file__).parent / "data" / "calibration_bill_of_rights.txt"
-    quantize_checkpoint(dense_tiny, dst, SCHEMES["w4a16-g32"], clip_search=True, calibration_text=text.read_text(),
+    quantize_checkpoint(dense_tiny, dst, SCHEMES["w4a16-g32"], calibration_text=text.read_text(),
                         progress=False)
     ours, source = CheckpointFiles(dst), CheckpointFiles(dense_tiny)
     prefix = "model.layers.0.mlp.down_proj"

@@ -84,9 +84,9 @@ def _linear_tensors(prefix: str, n: int, k: int, scheme: QuantScheme | None, fmt
     level = scheme.max_level
     values = torch.randint(-level, level + 1, (n, k), dtype=torch.int8, generator=gen)  # (N, K)
     uniform_std = math.sqrt(((2 * level + 1) ** 2 - 1) / 12)
-    groups = k // scheme.group_size if scheme.group_size else 1
+    groups = -(-k // scheme.group_size) if scheme.group_size else 1  # the last group of a row may be shorter
     jitter = 1 + _SCALE_JITTER * (torch.rand(n, groups, generator=gen) - 0.5)
-    scales = (jitter * WEIGHT_STD / uniform_std).bfloat16()  # (N, K/G) or (N, 1)
+    scales = (jitter * WEIGHT_STD / uniform_std).bfloat16()  # (N, ceil(K/G)) or (N, 1)
     stored = [pack_int(values, scheme.weight_bits), scales, torch.tensor([n, k], dtype=torch.int64)] if fmt == "pack-quantized" \
         else [values, scales]
     return list(zip(stored_tensor_names(prefix, fmt), stored))

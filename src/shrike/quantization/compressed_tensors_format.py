@@ -5,6 +5,8 @@ Write side: the quantization_config and tensors of a checkpoint that compressed-
 """
 from __future__ import annotations
 
+import dataclasses
+import math
 import re
 from dataclasses import dataclass
 
@@ -241,15 +243,26 @@ def _read_g_idx(files: CheckpointFiles, prefixes: list[str], in_features: int) -
     return g_idx[0]
 
 
+def _ragged_as_even_groups(layer: LayerQuantization, prefix: str, in_features: int) -> LayerQuantization:
+    """Groups of G along an input width K that G does not divide (the last group of a row shorter, as
+    compressed-tensors writes them) are the same weights in groups of gcd(G, K) with each scale repeated,
+    which every kernel runs as they are: W4A8-G128 on a 576-wide model runs as G64 with pairs of equal scales."""
+    even = math.gcd(layer.group_size, in_features)
+    if even % 32:
+        raise ConfigError(f"{prefix} has {in_features} input features; groups of {layer.group_size} need a width "
+                          "that is a multiple of 32")
+    return dataclasses.replace(layer, group_size=even)
+
+
 def read_stored_linear(files: CheckpointFiles, prefixes: list[str], layer: LayerQuantization,
                        out_features: list[int], in_features: int) -> StoredLinear:
     """The layers `prefixes` fused along the output dimension (q/k/v, gate/up), read straight into one buffer."""
     if layer.weight_type == "float":
         return _read_float_linear(files, prefixes, layer, out_features, in_features)
-    if layer.group_size and in_features % layer.group_size:
-        raise ConfigError(f"{prefixes[0]} has {in_features} input features, not a multiple of its group size "
-                          f"{layer.group_size}")
-    groups = in_features // layer.group_size if layer.group_size else 1
+    stored_group = layer.group_size
+    if stored_group and in_features % stored_group:
+        layer = _ragged_as_even_groups(layer, prefixes[0], in_features)
+    groups = -(-in_features // stored_group) if stored_group else 1
     packed = layer.format == "pack-quantized"
     stored_name, stored_dtype, width = ("weight_packed", torch.int32, -(-in_features * layer.bits // 32)) if packed \
         else ("weight", torch.int8, in_features)
@@ -282,6 +295,13 @@ def read_stored_linear(files: CheckpointFiles, prefixes: list[str], layer: Layer
     zero = None if layer.symmetric else torch.cat(
         [_read_zero_point(files, p, layer, n, groups) for p, n in zip(prefixes, out_features)])
     g_idx = _read_g_idx(files, prefixes, in_features)
+    if layer.group_size != stored_group:
+        if g_idx is not None:
+            raise ConfigError(f"{prefixes[0]}: act-ordered weights (weight_g_idx) need a group size dividing the "
+                              f"{in_features} input features, not {stored_group}")
+        stored_of_even = torch.arange(in_features // layer.group_size) * layer.group_size // stored_group
+        scale = scale[:, stored_of_even]
+        zero = None if zero is None else zero[:, stored_of_even]
     return StoredLinear(layer, scale, in_features, zero_point=zero, g_idx=g_idx,
                         **{"packed" if packed else "values": integers})
 
@@ -346,7 +366,7 @@ def stored_tensor_specs(prefix: str, n: int, k: int, scheme: QuantScheme, fmt: s
                         scale_dtype: torch.dtype) -> list[TensorSpec]:
     """Names, dtypes and shapes of the tensors that store the (N, K) weight of `prefix`."""
     names = stored_tensor_names(prefix, fmt)
-    scale = TensorSpec(names[1], scale_dtype, (n, k // scheme.group_size if scheme.group_size else 1))
+    scale = TensorSpec(names[1], scale_dtype, (n, -(-k // scheme.group_size) if scheme.group_size else 1))
     if fmt == "pack-quantized":
         words = -(-k * scheme.weight_bits // 32)
         return [TensorSpec(names[0], torch.int32, (n, words)), scale, TensorSpec(names[2], torch.int64, (2,))]

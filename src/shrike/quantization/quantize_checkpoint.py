@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import torch
@@ -11,17 +12,20 @@ from tqdm import tqdm
 
 from shrike.errors import ConfigError
 from shrike.model.config import ModelConfig
+from shrike.quantization.calibration import input_statistics
 from shrike.quantization.compressed_tensors_format import (
     check_format, default_format, matches_any, pack_int, quantization_config, stored_tensor_names,
     stored_tensor_specs)
-from shrike.quantization.quantizer import quantize_weight
+from shrike.quantization.gptq import gptq_quantize
+from shrike.quantization.quantizer import SCALE_SEARCHES, quantize_weight
 from shrike.quantization.safetensors_io import (
     DTYPES_BY_CODE, CheckpointFiles, StreamingSafetensorsWriter, TensorSpec)
 from shrike.quantization.schemes import SCHEMES, QuantScheme, scheme_from_name
-from shrike.quantization.smoothing import apply_transform, input_absmax, smoothing_transforms
+from shrike.quantization.smoothing import apply_transform, can_smooth, smoothing_transforms
 
 LINEAR_NAMES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                 "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+METHODS = ("rtn", "gptq")
 # Weights are what quantization changes; these describe the model and travel with it.
 _NOT_COPIED = ("config.json", "model.safetensors.index.json")
 
@@ -37,11 +41,18 @@ def add_quantize_arguments(p: argparse.ArgumentParser) -> None:
                    "int-quantized for int8, as llm-compressor writes them)")
     p.add_argument("--ignore", nargs="*", default=["lm_head"], metavar="LAYER",
                    help="linear layers kept unquantized: names or 're:' regexes (default: lm_head)")
-    p.add_argument("--clip-search", action="store_true",
-                   help="search each group's clipping range for the smallest output error (slower)")
+    p.add_argument("--scale-search", default="clip", choices=list(SCALE_SEARCHES),
+                   help="how each group's scale is chosen: clip (default) keeps the candidate with the smallest "
+                   "error among ranges from llm-compressor's min-max rule down to 0.55 of it; mse only tries ranges "
+                   "within one step of the largest weight; absmax maps the largest weight to the top level "
+                   "(nothing clipped)")
+    p.add_argument("--method", default="rtn", choices=list(METHODS),
+                   help="rtn: round each weight to the nearest level (default); gptq: round column by column, "
+                   "moving each rounding error onto the columns not yet rounded so that the layer's output on the "
+                   "--calibration text changes least (needs --calibration; slower)")
     p.add_argument("--calibration", type=Path, default=None, metavar="TEXT_FILE",
-                   help="text to measure activation ranges on; enables activation smoothing (SmoothQuant), "
-                        "which matters most for W8A8, and weights the clipping search by input magnitudes")
+                   help="text to run the model on first: its inputs weight the scale search and feed --method gptq; "
+                   "for W4A8/W8A8 on Llama-family models it also enables activation smoothing (SmoothQuant)")
 
 
 def linear_prefixes(config: ModelConfig) -> list[str]:
@@ -49,8 +60,12 @@ def linear_prefixes(config: ModelConfig) -> list[str]:
 
 
 def quantize_checkpoint(src: Path, dst: Path, scheme: QuantScheme, fmt: str | None = None,
-                        ignore: list[str] = ("lm_head",), clip_search: bool = False, calibration_text: str | None = None,
-                        progress: bool = True) -> None:
+                        ignore: list[str] = ("lm_head",), scale_search: str = "clip", calibration_text: str | None = None,
+                        progress: bool = True, method: str = "rtn") -> None:
+    if method not in METHODS:
+        raise ConfigError(f"unknown quantization method {method!r}; use {' or '.join(METHODS)}")
+    if method == "gptq" and calibration_text is None:
+        raise ConfigError("--method gptq needs --calibration TEXT_FILE: it minimises the error on real inputs")
     config = ModelConfig.from_dir(src)
     if config.quantization_config is not None:
         raise ConfigError(f"{src} is already quantized ({config.quantization_config.get('quant_method')}); "
@@ -63,17 +78,28 @@ def quantize_checkpoint(src: Path, dst: Path, scheme: QuantScheme, fmt: str | No
         raise ConfigError(f"{dst} already holds a checkpoint; choose an empty output directory")
     files = CheckpointFiles(src)
     targets = [p for p in linear_prefixes(config) if not matches_any(p, list(ignore))]
+    widths = {files.entry(f"{prefix}.weight")["shape"][1] for prefix in targets}
     for prefix in targets:
         scheme.check_in_features(files.entry(f"{prefix}.weight")["shape"][1], prefix)
+    ragged = sorted(k for k in widths if scheme.group_size and k % scheme.group_size)
+    if ragged:
+        print(f"shrike: {scheme.name}: layers {ragged[0]} wide get a shorter last group per row; Shrike runs them, "
+              "compressed-tensors 0.20 cannot dequantize such files (it needs widths divisible by the group)",
+              file=sys.stderr)
 
-    transforms, input_power = {}, {}
+    transforms, input_power, hessians = {}, {}, {}
     if calibration_text is not None:
-        maxima = input_absmax(src, calibration_text)
+        stats = input_statistics(src, calibration_text, gram=method == "gptq")
         # Smoothing moves activation outliers into the weights: a gain only when activations are quantized.
-        transforms = {} if scheme.weight_only else smoothing_transforms(files, config, maxima)
-        # Smoothing divides each channel's activations by the factor its weight column is multiplied by.
-        input_power = {prefix: (maxima[_input_owner(prefix)] / transforms[f"{prefix}.weight"][0]).square()
-                       if transforms else maxima[_input_owner(prefix)].square() for prefix in targets}
+        if not scheme.weight_only and can_smooth(config):
+            transforms = smoothing_transforms(files, config, {p: s.absmax for p, s in stats.items()})
+        for prefix in targets:
+            seen = stats[_input_owner(prefix)]
+            # Smoothing divides each channel's activations by the factor its weight column is multiplied by.
+            factor = transforms[f"{prefix}.weight"][0] if transforms else torch.ones_like(seen.power)
+            input_power[prefix] = seen.power / factor.square()
+            if seen.gram is not None:
+                hessians[prefix] = seen.gram / (factor[:, None] * factor[None, :])
 
     target_weights = {f"{p}.weight": p for p in targets}
     specs: list[TensorSpec] = []
@@ -101,7 +127,10 @@ def quantize_checkpoint(src: Path, dst: Path, scheme: QuantScheme, fmt: str | No
         weight = files.read(f"{name}.weight")  # (N, K)
         if f"{name}.weight" in transforms:
             weight = apply_transform(weight, transforms[f"{name}.weight"])
-        values, scales = quantize_weight(weight, scheme, weight.dtype, clip_search, input_power.get(name))
+        if method == "gptq":
+            values, scales = gptq_quantize(weight, hessians[name], scheme, weight.dtype, scale_search)
+        else:
+            values, scales = quantize_weight(weight, scheme, weight.dtype, scale_search, input_power.get(name))
         tensors = [pack_int(values, scheme.weight_bits), scales, torch.tensor(values.shape, dtype=torch.int64)] \
             if fmt == "pack-quantized" else [values, scales]
         for stored_name, tensor in zip(stored_tensor_names(name, fmt), tensors):
@@ -131,7 +160,7 @@ def run_quantize(args: argparse.Namespace) -> int:
         if not args.calibration.is_file():
             raise ConfigError(f"--calibration {args.calibration} is not a file")
         calibration = args.calibration.read_text(encoding="utf-8")
-    quantize_checkpoint(args.src, args.dst, scheme_from_name(args.scheme), args.format, args.ignore, args.clip_search,
-                        calibration)
+    quantize_checkpoint(args.src, args.dst, scheme_from_name(args.scheme), args.format, args.ignore, args.scale_search,
+                        calibration, method=args.method)
     print(f"wrote {args.dst}")
     return 0

@@ -26,12 +26,10 @@ class QuantScheme:
         return (1 << (self.weight_bits - 1)) - 1
 
     def check_in_features(self, in_features: int, layer: str) -> None:
-        if self.group_size is not None and in_features % self.group_size:
-            usable = [g for g in W4A8_GROUP_SIZES if in_features % g == 0]
-            acts = "a16" if self.weight_only else "a8"
-            hint = f"; use {' or '.join(f'w4{acts}-g{g}' for g in usable)}" if usable else ""
-            raise ConfigError(f"{self.name} needs input features divisible by {self.group_size}, "
-                              f"but {layer} has {in_features}{hint}")
+        """Groups need not divide the width (the last one of a row is shorter), but the kernels run groups
+        of gcd(G, K), a multiple of 32 only when K is."""
+        if self.group_size is not None and in_features % 32:
+            raise ConfigError(f"{self.name} needs input features divisible by 32, but {layer} has {in_features}")
 
 
 SCHEMES = {s.name: s for only in (False, True)

@@ -7,46 +7,25 @@ whatever produces the activations, so the checkpoint computes the same function:
   q/k/v       <- input_layernorm weight          gate/up <- post_attention_layernorm weight
   o_proj      <- v_proj rows (one factor per KV head channel, shared by the query heads using it)
   down_proj   <- up_proj rows
-Activation maxima come from running the unquantized model on a calibration text.
+Activation maxima come from running the unquantized model on a calibration text (shrike.quantization.calibration).
+Layers with attention biases are not smoothed: the v_proj bias would need the same division.
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
-from shrike.eval_ppl import sequence_logits
-from shrike.layers.linear import DenseLinear
 from shrike.model.config import ModelConfig
-from shrike.model.llama import CausalLM
-from shrike.model.weights import CheckpointTensors
 from shrike.quantization.safetensors_io import CheckpointFiles
-from shrike.tokenizer import Tokenizer
 
 # a: on SmolLM2-135M W8A8, 0.5 left perplexity +3.4% over bf16, 0.7 +0.75%, 0.85 +0.74% with lower top-1 agreement.
 MIGRATION_STRENGTH = 0.7
-_CONTEXT = 512
+# Architectures whose norms multiply by their weight as stored, so that dividing it divides the activations
+# (Gemma 3 multiplies by 1 + weight and normalises again after each block).
+SMOOTHABLE_ARCHITECTURES = ("LlamaForCausalLM", "MiniCPMForCausalLM", "Qwen3ForCausalLM")
 
 
-def input_absmax(model_dir: Path, text: str) -> dict[str, torch.Tensor]:
-    """max |x| per input channel of every linear layer, keyed by its first checkpoint prefix: (K,) fp32."""
-    config = ModelConfig.from_dir(model_dir)
-    maxima: dict[str, torch.Tensor] = {}
-
-    def recording_linear(tensors, prefixes, in_features, out_features, bias):
-        dense = DenseLinear.load(tensors, prefixes, in_features, out_features, bias, torch.float32)
-
-        def run(x: torch.Tensor) -> torch.Tensor:
-            seen = x.abs().amax(dim=0).float()  # (K,)
-            maxima[prefixes[0]] = torch.maximum(maxima[prefixes[0]], seen) if prefixes[0] in maxima else seen
-            return dense(x)
-        return run
-
-    model = CausalLM(config, CheckpointTensors(model_dir), torch.float32, make_linear=recording_linear)
-    ids = Tokenizer(model_dir).encode(text, add_special_tokens=False)
-    for start in range(0, len(ids) - 1, _CONTEXT):
-        sequence_logits(model, ids[start:start + _CONTEXT])
-    return maxima
+def can_smooth(config: ModelConfig) -> bool:
+    return config.architecture in SMOOTHABLE_ARCHITECTURES and not config.attention_bias
 
 
 def _factors(act_max: torch.Tensor, weight_max: torch.Tensor) -> torch.Tensor:

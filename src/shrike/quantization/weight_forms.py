@@ -54,7 +54,7 @@ def fp8_to_int8(stored: StoredLinear) -> tuple[torch.Tensor, torch.Tensor]:
     finer than fp8's for the largest weights of a row and coarser below absmax / 16.
     """
     weight = stored.float_values.float() * stored.scale.float()  # (N, K) exact: 4-bit mantissa x the scale
-    return quantize_weight(weight, QuantScheme(8, None), torch.float32)
+    return quantize_weight(weight, QuantScheme(8, None), torch.float32, "absmax")
 
 
 def grouped_integers(stored: StoredLinear) -> GroupedIntegers:
@@ -104,5 +104,5 @@ def int8_kernel_weights(stored: StoredLinear) -> tuple[QuantScheme, torch.Tensor
         raise ConfigError(f"--activation-quant int8 needs input features divisible by 16 (a layer has {k}); "
                           "use --activation-quant none")
     weight = grouped_integers(stored).dequantize()  # (N, K) fp32, checkpoint order
-    values, scale = quantize_weight(weight, QuantScheme(8, None), torch.float32)
+    values, scale = quantize_weight(weight, QuantScheme(8, None), torch.float32, "absmax")
     return QuantScheme(8, None), values, scale, True
