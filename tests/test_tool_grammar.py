@@ -25,9 +25,9 @@ def _accepts(compiler, spec: GrammarSpec, text: str) -> bool:
 
 
 def test_closed_objects_follow_what_the_schema_says():
-    schema = {"type": "object", "properties": {"a": {"type": "object", "properties": {"b": {"type": "integer"}}},
-                                               "free": {"type": "object"},
-                                               "open": {"type": "object", "properties": {}, "additionalProperties": True}},
+    properties = {"a": {"type": "object", "properties": {"b": {"type": "integer"}}}, "free": {"type": "object"},
+                  "open": {"type": "object", "properties": {}, "additionalProperties": True}}
+    schema = {"type": "object", "properties": properties,
               "$defs": {"D": {"properties": {"c": {}}}},
               "allOf": [{"properties": {"x": {}}}, {"properties": {"y": {}}}]}
     closed = closed_objects(schema)
