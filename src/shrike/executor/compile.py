@@ -61,11 +61,13 @@ class CompiledTape:
             cos, sin = (torch.zeros(max_tokens, rotary.cos_sin.shape[2]) for _ in range(2))
             exe.add_rope(rotary.cos_sin, long_table, rotary.long_threshold if long_table is not None else -1, cos, sin)
             self.rope_rows.append((cos, sin))
-        # Rows kept per buffer: every token, or (for logits rows) as many as a step has asked for so far.
+        # Rows kept per storage: every token, or (for logits rows) as many as a step has asked for so far.
         self.logits_capacity = min(max_tokens, max_seqs)
-        self.buffers = [torch.empty(self._capacity(b), *b.columns, dtype=b.dtype) for b in tape.buffers]
-        for tensor in self.buffers:
-            exe.add_buffer(tensor)
+        self.storage_of = share_storage(tape)  # buffer id -> storage index
+        self.storages = [torch.empty(self._capacity(b), b.width * b.dtype.itemsize, dtype=torch.uint8)
+                         for b in _first_buffer_of_each_storage(tape, self.storage_of)]
+        for b in tape.buffers:
+            exe.add_buffer(self.storages[self.storage_of[b.id]])
         self.exe = exe
         self.segments = self._lower()  # ("tape", begin, end) or ("python", entry)
 
@@ -168,21 +170,23 @@ class CompiledTape:
                 entry = segment[1]
                 resolve = lambda v: self._view(v, shape)  # noqa: E731
                 getattr(self.ops, entry.op)(*map(resolve, entry.args), **{k: resolve(v) for k, v in entry.kwargs.items()})
-        return self.buffers[self.tape.output.id][:num_logits]
+        return self._tensor(self.tape.output, num_logits)
 
     def _grow_logits_rows(self, rows: int) -> None:
         self.logits_capacity = min(self.max_tokens, max(rows, 2 * self.logits_capacity))
-        for b in self.tape.buffers:
-            if b.rows == LOGITS:
-                self.buffers[b.id] = torch.empty(self.logits_capacity, *b.columns, dtype=b.dtype)
-                self.exe.bind_buffer(b.id, self.buffers[b.id])
+        for index, storage in enumerate(self.storages):
+            buffers = [b for b in self.tape.buffers if self.storage_of[b.id] == index]
+            if buffers[0].rows == LOGITS:
+                self.storages[index] = torch.empty(self.logits_capacity, storage.shape[1], dtype=torch.uint8)
+                for b in buffers:
+                    self.exe.bind_buffer(b.id, self.storages[index])
 
     def _view(self, value, shape):
         """A tape argument as the torch value a Python op gets this step."""
         num_seqs, num_tokens, num_logits, width = shape
         if isinstance(value, Buffer):
             rows = num_tokens if value.rows == TOKENS else num_logits
-            return self.buffers[value.id][:rows].view(rows, *value.columns)
+            return self._tensor(value, rows)
         if not isinstance(value, StepInput):
             return value
         if value.rope >= 0:
@@ -200,10 +204,55 @@ class CompiledTape:
             return self.derived["block_tables"][:num_seqs * width].view(num_seqs, width)
         raise ValueError(f"unknown step input {value.name!r}")
 
+    def _tensor(self, b: Buffer, rows: int) -> torch.Tensor:
+        """The first `rows` rows of buffer `b` as a (rows, *columns) tensor of its dtype."""
+        storage = self.storages[self.storage_of[b.id]][:rows, :b.width * b.dtype.itemsize]
+        return storage.view(b.dtype).view(rows, *b.columns)
+
     def describe(self) -> dict:
         """What runs where: the executor's ops, and the Python ops that split the tape."""
         python_ops = [s[1].op for s in self.segments if s[0] == "python"]
         return {"executor_ops": len(self.exe), "segments": len(self.segments), "python_ops": python_ops}
+
+
+def share_storage(tape: Tape) -> dict[int, int]:
+    """Buffer id -> storage index, buffers whose lifetimes do not overlap sharing storage (first write to
+    last read, in tape order), so that a step's activations stay in cache the way a hand-written forward's
+    few reused workspaces do. Storage is shared only between buffers of one row kind and row size."""
+    first_use: dict[int, int] = {}
+    last_use: dict[int, int] = {}
+    for i, entry in enumerate(tape.entries):
+        for value in (*entry.args, *entry.kwargs.values()):
+            if isinstance(value, Buffer):
+                first_use.setdefault(value.id, i)
+                last_use[value.id] = i
+    last_use[tape.output.id] = len(tape.entries)  # read after the step
+    storage_of: dict[int, int] = {}
+    free: dict[tuple, list[int]] = {}  # (rows, row bytes) -> storages free for reuse
+    releases: dict[int, list[Buffer]] = {}
+    count = 0
+    by_first_use = sorted(tape.buffers, key=lambda b: first_use.get(b.id, -1))
+    starts: dict[int, list[Buffer]] = {}
+    for b in by_first_use:
+        starts.setdefault(first_use.get(b.id, -1), []).append(b)
+    for i in range(-1, len(tape.entries) + 1):
+        for b in starts.get(i, []):
+            key = (b.rows, b.width * b.dtype.itemsize)
+            if free.get(key):
+                storage_of[b.id] = free[key].pop()
+            else:
+                storage_of[b.id], count = count, count + 1
+            releases.setdefault(last_use.get(b.id, i), []).append(b)
+        for b in releases.pop(i, []):  # free after the op that reads it last
+            free.setdefault((b.rows, b.width * b.dtype.itemsize), []).append(storage_of[b.id])
+    return storage_of
+
+
+def _first_buffer_of_each_storage(tape: Tape, storage_of: dict[int, int]) -> list[Buffer]:
+    first: dict[int, Buffer] = {}
+    for b in tape.buffers:
+        first.setdefault(storage_of[b.id], b)
+    return [first[i] for i in range(len(first))]
 
 
 def _output_of(entry: TapeEntry) -> Buffer:

@@ -1,0 +1,93 @@
+"""A/B of two Shrike source trees on one checkpoint, engine level, interleaved: this checkout against a
+baseline tree (e.g. the last commit with the hand-written compiled plan, built into its own src/shrike).
+
+    python benchmarks/bench_executor_ab.py MODEL_DIR --baseline-src /tmp/shrike-old/src [--reps 5]
+
+Each sample is a fresh process (A, B, A, B, ...), measuring in order: prefill tokens/s of a 512-token
+prompt (its time to first token), batch-1 decode tokens/s over 32 greedy tokens, and the aggregate decode
+tokens/s of 8 concurrent streams (each 32 tokens after its prompt). Prints per-sample figures, medians
+and the ratio this tree / baseline. A benchmark, not a test: quote it with the machine and what else ran.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+PROMPT_TOKENS, DECODE_TOKENS, STREAMS = 512, 32, 8
+
+
+def child(model: str) -> None:
+    from shrike.engine.llm_engine import EngineConfig, LLMEngine
+    from shrike.sampling.params import SamplingParams
+
+    engine = LLMEngine(EngineConfig(model=model, max_model_len=1024, progress=False))
+    greedy = SamplingParams(max_tokens=DECODE_TOKENS + 1, temperature=0, ignore_eos=True)
+
+    def prompt(seed: int, n: int) -> list[int]:
+        return [(i * 7919 + seed * 104729) % 20000 + 100 for i in range(n)]
+
+    def run(tokens: list[int]) -> tuple[float, float]:
+        """One request -> (seconds to its first token, seconds of the decode steps after it)."""
+        engine.add_request(f"r{time.monotonic_ns()}", tokens, greedy)
+        start, first = time.perf_counter(), None
+        while engine.has_unfinished():
+            if engine.step() and first is None:
+                first = time.perf_counter()
+        end = time.perf_counter()
+        return first - start, end - first
+
+    run(prompt(0, 64))  # warm-up: threads, caches, first-call allocations
+    ttft, decode = run(prompt(1, PROMPT_TOKENS))
+    # Streams: short distinct prompts, all prefilled in the first step(s); decode time from the first token on.
+    start = time.perf_counter()
+    for i in range(STREAMS):
+        engine.add_request(f"s{i}", prompt(10 + i, 16), greedy)
+    first = None
+    while engine.has_unfinished():
+        outputs = engine.step()
+        if first is None and len(outputs) == STREAMS:
+            first = time.perf_counter()
+    end = time.perf_counter()
+    print(json.dumps({"prefill_tok_s": PROMPT_TOKENS / ttft, "decode_tok_s": DECODE_TOKENS / decode,
+                      "streams_tok_s": STREAMS * DECODE_TOKENS / (end - (first or start))}))
+
+
+def sample(model: str, src: str | None) -> dict:
+    env = dict(os.environ)
+    if src:  # the baseline tree's own shrike package (with its _C built into it), not this checkout's
+        env.update(PYTHONPATH=src, SKBUILD_EDITABLE_SKIP="1")
+    out = subprocess.run([sys.executable, __file__, model, "--child"], env=env, capture_output=True, text=True,
+                         check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("model")
+    p.add_argument("--baseline-src", help="src/ directory of the baseline tree")
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        return child(args.model)
+    samples: dict[str, list[dict]] = {"this": [], "baseline": []}
+    for rep in range(args.reps):
+        order = [("this", None), ("baseline", args.baseline_src)]
+        for name, src in order if rep % 2 == 0 else order[::-1]:
+            s = sample(args.model, src)
+            samples[name].append(s)
+            print(f"rep {rep} {name:<8} " + "  ".join(f"{k} {v:.2f}" for k, v in s.items()), flush=True)
+    print("medians:")
+    for key in samples["this"][0]:
+        a, b = (statistics.median(x[key] for x in samples[n]) for n in ("this", "baseline"))
+        print(f"  {key:<15} this {a:8.2f}  baseline {b:8.2f}  ratio {a / b:.3f}")
+    print(json.dumps({"model": args.model, "samples": samples}))
+
+
+if __name__ == "__main__":
+    main()
