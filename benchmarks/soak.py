@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import json
 import random
+import re
 import socket
 import struct
 import subprocess
@@ -161,10 +162,14 @@ async def _served(client: httpx.AsyncClient, path: str, body: dict, choices: int
         return "completed"
 
 
-async def _refused(client: httpx.AsyncClient, path: str, content: bytes, param_words: tuple[str, ...]) -> str:
+async def _refused(client: httpx.AsyncClient, path: str, content: bytes, param_words: tuple[str, ...],
+                   shed_first: bool = False) -> str:
     """A request the server must refuse with a 4xx whose message names the problem, busy or not
-    (a 503 would tell its client to retry something that can never succeed)."""
+    (a 503 would tell its client to retry something that can never succeed). shed_first: under --ray the
+    ingress sheds a request with 503 when every replica is full, before any replica has read it."""
     response = await client.post(path, content=content, headers={"Content-Type": "application/json"})
+    if shed_first and response.status_code == 503 and response.json()["error"]["code"] == "queue_full":
+        return _check_error_status(response)
     if not 400 <= response.status_code < 500:
         raise Unexpected(f"status_{response.status_code}", response.text[:300])
     message = response.json()["error"]["message"]
@@ -213,7 +218,7 @@ def _reset(writer: asyncio.StreamWriter) -> None:
     writer.transport.abort()
 
 
-def _scenarios(port: int, max_model_len: int, vocab_hint: int):
+def _scenarios(port: int, max_model_len: int, vocab_hint: int, shed_first: bool = False):
     """(name, weight, coroutine factory(client, rng, tally) -> outcome)."""
     def long_prompt(rng: random.Random) -> str:
         return SHARED_PREFIX + _words(rng, rng.randint(20, 200))
@@ -245,37 +250,63 @@ def _scenarios(port: int, max_model_len: int, vocab_hint: int):
             c, "/v1/chat/completions", _chat_body(r, stream=True, max_tokens=24), 1, t, read_pause=0.2)),
         ("oversized_token_prompt", 3, lambda c, r, t: _refused(
             c, "/v1/completions", json.dumps({"model": SERVED_NAME, "prompt": [1] * (max_model_len + 5)}).encode(),
-            ("maximum context length",))),
+            ("maximum context length",), shed_first)),
         ("oversized_text_prompt", 2, lambda c, r, t: _refused(
             c, "/v1/chat/completions", json.dumps({"model": SERVED_NAME, "messages": [
-                {"role": "user", "content": _words(r, max_model_len * 2)}]}).encode(), ("maximum context length",))),
+                {"role": "user", "content": _words(r, max_model_len * 2)}]}).encode(), ("maximum context length",), shed_first)),
         ("max_tokens_too_large", 2, lambda c, r, t: _refused(
             c, "/v1/completions", json.dumps(_completion_body(r, max_tokens=max_model_len * 4, n=2)).encode(),
-            ("max_tokens",))),
+            ("max_tokens",), shed_first)),
         ("invalid_body", 4, lambda c, r, t: _refused(
             c, r.choice(["/v1/completions", "/v1/chat/completions"]), r.choice(INVALID_BODIES),
-            ("JSON", "prompt", "messages", "max_tokens", "n", "valid", "body", "Input"))),
+            ("JSON", "prompt", "messages", "max_tokens", "n", "valid", "body", "Input"), shed_first)),
     ]
 
 
 # Watching the server -----------------------------------------------------------------------------
 
 def parse_metrics(text: str) -> dict[str, float]:
-    """Samples by name; the model_name label, the same on all of them, is left out of the key."""
-    values = {}
+    """Samples by name; the model_name label, the same on all of them, is left out of the key. Under --ray each
+    replica's samples carry a replica label: they are added up (the largest is kept of a *_max)."""
+    values: dict[str, float] = {}
     for line in text.splitlines():
         if line and not line.startswith("#"):
             name, _, value = line.rpartition(" ")
+            name = re.sub(r',?replica="[^"]*"', "", name).replace("{,", "{")
             name = name.replace(f'model_name="{SERVED_NAME}",', "").replace(f'{{model_name="{SERVED_NAME}"}}', "")
-            values[name] = float(value)
+            name = name.replace("{}", "")
+            if name in values:
+                values[name] = max(values[name], float(value)) if name.endswith("_max") else values[name] + float(value)
+            else:
+                values[name] = float(value)
     return values
 
 
 def rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no VmRSS for process {pid}")
+    """Resident memory of the server and every process under it (under --ray: the cluster and its replicas)."""
+    total = 0
+    for process in (pid, *_descendants(pid)):
+        try:
+            status = Path(f"/proc/{process}/status").read_text()
+        except OSError:
+            continue  # exited meanwhile
+        total += next((int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmRSS:")), 0)
+    return total
+
+
+def _descendants(root: int) -> set[int]:
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+    found, frontier = set(), {root}
+    while frontier:
+        frontier = {pid for pid, parent in parents.items() if parent in frontier}
+        found |= frontier
+    return found
 
 
 @dataclass
@@ -374,7 +405,7 @@ async def _drive(args: argparse.Namespace, port: int, process: subprocess.Popen)
     async with httpx.AsyncClient(base_url=f"http://{HOST}:{port}", limits=limits, timeout=timeout) as client, \
             httpx.AsyncClient(base_url=f"http://{HOST}:{port}") as monitor:
         vocab_hint = 49152 if args.model is None else 1000  # token ids surely inside any vocabulary
-        scenarios = _scenarios(port, args.max_model_len, vocab_hint)
+        scenarios = _scenarios(port, args.max_model_len, vocab_hint, shed_first="--ray" in args.serve_flag)
         began = time.monotonic()
         watch = Watch(began, args.warmup if args.warmup is not None else min(60.0, args.duration * 0.25))
         stop = asyncio.Event()

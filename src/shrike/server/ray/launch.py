@@ -31,6 +31,8 @@ HEALTH_CHECK_PERIOD_SECONDS = 2.0
 # Requests and responses pass through Ray's object store only in small pieces.
 LOCAL_OBJECT_STORE_BYTES = 256 << 20
 CONNECT_TIMEOUT_SECONDS = 5.0
+# A resource only the head node has (ray._common.constants.HEAD_NODE_RESOURCE_NAME).
+HEAD_NODE_RESOURCE = "node:__internal_head__"
 
 
 def ray_serve_main(args: argparse.Namespace) -> int:
@@ -102,8 +104,10 @@ def build_application(args: argparse.Namespace, router: str = "prefix-affinity")
         graceful_shutdown_wait_loop_s=0.5, max_constructor_retry_count=3, **scaling)
     ingress = serve.deployment(
         serve.ingress()(ShrikeIngress), name=INGRESS_DEPLOYMENT, num_replicas=1,
-        # It only relays bytes: it must not take a core from the engines.
-        ray_actor_options={"num_cpus": 0}, max_ongoing_requests=high * capacity + args.max_queue_len + 64,
+        # It only relays bytes: it must not take a core from the engines. On the head node, which holds the
+        # cluster's state (GCS) and Serve's controller: losing any other node then never takes the HTTP path down.
+        ray_actor_options={"num_cpus": 0, "resources": {HEAD_NODE_RESOURCE: 0.001}},
+        max_ongoing_requests=high * capacity + args.max_queue_len + 64,
         graceful_shutdown_timeout_s=args.shutdown_timeout + 5)
     serve_args = {**vars(args), "cpus_per_replica": cpus}
     return ingress.bind(engine.bind(serve_args), ENGINE_DEPLOYMENT)
