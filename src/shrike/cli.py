@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
 ENGINE_COMMANDS = ("generate", "serve", "eval-ppl", "doctor")  # the commands that take every engine flag
 BENCHMARKS = {"kernels": "bench_kernels", "serving": "bench_serving", "reference": "bench_reference", "soak": "soak",
               "spec": "bench_spec", "long-context": "bench_long_context", "gguf-import": "bench_gguf_import",
-              "vllm": "bench_vs_vllm"}
+              "vllm": "bench_vs_vllm", "quality": "bench_quality"}
 
 
 def _bench(args: argparse.Namespace) -> int:
