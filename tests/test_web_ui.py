@@ -139,7 +139,7 @@ def test_chat_streams_stops_keeps_history_and_shows_errors(page, open_server):
     page.reload()
     page.wait_for_selector(".msg.assistant")
     assert page.locator("#conversations li").count() == 1
-    assert page.locator(".msg.user").first.inner_text() == "What is the capital of France?"
+    assert page.locator(".msg.user .body").first.inner_text() == "What is the capital of France?"
     assert "Paris" in page.locator(".msg.assistant .body").first.inner_text()
     assert page.input_value("#max-tokens") == "40"
 
@@ -162,3 +162,42 @@ def test_page_asks_for_the_api_key(page, key_server):
     page.wait_for_selector("#send", state="visible", timeout=120_000)
     assert "Paris" in page.locator(".msg.assistant .body").last.inner_text()
     assert page.is_hidden("#error")
+
+
+@pytest.mark.parametrize("scheme, background", [("light", "rgb(246, 247, 249)"), ("dark", "rgb(18, 22, 31)")])
+def test_phone_layout_dark_mode_and_a_note_on_cut_answers(browser, open_server, scheme, background):
+    errors = []
+    for width, height in ((1280, 800), (390, 844)):
+        context = browser.new_context(viewport={"width": width, "height": height}, color_scheme=scheme)
+        page = context.new_page()
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        page.goto(open_server.base_url + "/")
+        page.wait_for_function(f"document.getElementById('model-name').textContent === '{SERVED_NAME}'")
+        assert page.evaluate("getComputedStyle(document.body).backgroundColor") == background
+        sidebar_left = "document.getElementById('sidebar').getBoundingClientRect().left"
+        if width < 720:  # the sidebar waits off-screen behind the header's menu button
+            assert page.is_visible("#menu") and page.evaluate(f"{sidebar_left} + 200 < 0")
+            page.click("#menu")
+            page.wait_for_function(f"{sidebar_left} === 0")
+        else:
+            assert page.is_hidden("#menu") and page.evaluate(sidebar_left) == 0
+        set_field(page, "#temperature", "0")
+        set_field(page, "#max-tokens", "5")
+        page.click("#new-chat")  # closes the menu on a phone
+        if width < 720:
+            page.wait_for_function(f"{sidebar_left} + 200 < 0")
+        ask(page, "Tell me a long story about a cat.")
+        page.wait_for_selector("#send", state="visible", timeout=120_000)
+        assert page.locator(".msg.assistant .note").last.inner_text() == "cut off: the answer reached max tokens"
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / f"web-ui-{width}x{height}-{scheme}.png"))
+        if width > 720:
+            # Regenerate replaces the last answer; Edit takes the question back into the composer.
+            page.click(".msg.assistant .actions >> text=Regenerate")
+            page.wait_for_selector("#send", state="visible", timeout=120_000)
+            assert page.locator(".msg").count() == 2
+            page.click(".msg.user .actions >> text=Edit")
+            assert page.input_value("#prompt") == "Tell me a long story about a cat."
+            assert page.locator(".msg").count() == 0
+        context.close()
+    assert not errors, f"JavaScript errors on the page: {errors}"

@@ -128,6 +128,7 @@ function renderSidebar() {
       state.currentId = conversation.id;
       save();
       renderAll();
+      document.body.classList.remove("menu-open");
     };
     const remove = document.createElement("button");
     remove.className = "remove";
@@ -157,16 +158,28 @@ function messageElement(message) {
 
 function fillMessage(element, message) {
   const body = element.querySelector(".body");
+  if (message.reasoning) {  // a reasoning model's thinking (--reasoning-parser), folded away
+    let reasoning = element.querySelector(".reasoning");
+    if (!reasoning) {
+      reasoning = document.createElement("details");
+      reasoning.className = "reasoning";
+      reasoning.append(document.createElement("summary"), document.createElement("div"));
+      reasoning.firstChild.textContent = "Reasoning";
+      element.insertBefore(reasoning, body);
+    }
+    reasoning.lastChild.textContent = message.reasoning;
+  }
   if (message.role === "user") body.textContent = message.content;
   else body.innerHTML = Markdown.render(message.content);
   element.classList.toggle("stopped", Boolean(message.stopped));
   element.classList.toggle("failed", Boolean(message.error));
   let note = element.querySelector(".note");
-  const noteText = message.error ? `Error: ${message.error}` : message.stopped ? "stopped" : "";
+  const noteText = message.error ? `Error: ${message.error}` : message.stopped ? "stopped"
+    : message.cut ? "cut off: the answer reached max tokens" : "";
   if (noteText && !note) {
     note = document.createElement("div");
     note.className = "note";
-    element.append(note);
+    element.insertBefore(note, element.querySelector(".actions"));
   }
   if (note) note.textContent = noteText;
 }
@@ -182,8 +195,45 @@ function renderMessages() {
     container.append(empty);
     return;
   }
-  for (const message of conversation.messages) container.append(messageElement(message));
+  conversation.messages.forEach((message, index) => {
+    const element = messageElement(message);
+    element.append(messageActions(conversation, index));
+    container.append(element);
+  });
   container.scrollTop = container.scrollHeight;
+}
+
+// Copy an answer, regenerate the last one, or take a question back into the composer to edit and resend.
+function messageActions(conversation, index) {
+  const message = conversation.messages[index];
+  const actions = document.createElement("div");
+  actions.className = "actions";
+  const action = (label, handler) => {
+    const button = document.createElement("button");
+    button.type = "button";
+    button.textContent = label;
+    button.onclick = () => !state.controller && handler();
+    actions.append(button);
+  };
+  if (message.role === "assistant") {
+    action("Copy", () => navigator.clipboard.writeText(message.content));
+    if (index === conversation.messages.length - 1 && index > 0) {
+      action("Regenerate", () => {
+        const question = conversation.messages[index - 1].content;
+        conversation.messages.splice(index - 1);
+        send(question);
+      });
+    }
+  } else {
+    action("Edit", () => {
+      $("prompt").value = message.content;
+      conversation.messages.splice(index);
+      save();
+      renderAll();
+      $("prompt").focus();
+    });
+  }
+  return actions;
 }
 
 function renderAll() {
@@ -253,6 +303,7 @@ async function send(text) {
   renderAll();
   const element = $("messages").lastElementChild;
   element.classList.add("streaming");
+  element.querySelector(".actions").hidden = true;
   const controller = new AbortController();
   state.controller = controller;
   setBusy(true);
@@ -273,6 +324,11 @@ async function send(text) {
     for await (const event of sseEvents(response)) {
       if (event.error) throw new Error(event.error.message);
       const choice = event.choices && event.choices[0];
+      if (choice && choice.finish_reason === "length") answer.cut = true;
+      if (choice && choice.delta && choice.delta.reasoning_content) {
+        answer.reasoning = (answer.reasoning || "") + choice.delta.reasoning_content;
+        repaint();
+      }
       if (choice && choice.delta && choice.delta.content) {
         answer.content += choice.delta.content;
         repaint();
@@ -286,6 +342,7 @@ async function send(text) {
     state.controller = null;
     setBusy(false);
     element.classList.remove("streaming");
+    element.querySelector(".actions").hidden = false;
     fillMessage(element, answer);
     save();
     renderSidebar();
@@ -323,7 +380,13 @@ function wire() {
     }
   });
   $("stop").addEventListener("click", () => state.controller && state.controller.abort());
-  $("new-chat").addEventListener("click", () => !state.controller && newConversation());
+  $("new-chat").addEventListener("click", () => {
+    if (state.controller) return;
+    newConversation();
+    document.body.classList.remove("menu-open");
+  });
+  // On a narrow screen the sidebar (conversations, settings) is a panel opened from the header.
+  $("menu").addEventListener("click", () => document.body.classList.toggle("menu-open"));
   $("forget-key").hidden = !localStorage.getItem(STORE.apiKey);
   $("forget-key").addEventListener("click", () => {
     localStorage.removeItem(STORE.apiKey);
