@@ -56,6 +56,7 @@ def test_merged_metrics_group_each_family_and_label_every_sample():
 @pytest.mark.parametrize("flags, message", [
     (["--num-replicas", "2"], "--num-replicas needs --ray"),
     (["--ray", "--cpu-bind", "0"], "--cpu-bind does not apply with --ray"),
+    (["--ray", "--header-timeout", "5"], "--header-timeout does not apply with --ray"),
     (["--ray", "--num-replicas", "2", "--max-replicas", "3"], "either --num-replicas or --min-replicas"),
     (["--ray", "--min-replicas", "3", "--max-replicas", "2"], "--min-replicas 3 is above --max-replicas 2"),
     (["--ray", "--target-ongoing-requests", "4"], "--target-ongoing-requests needs"),

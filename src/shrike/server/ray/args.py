@@ -43,6 +43,14 @@ def check_ray_arguments(args: argparse.Namespace) -> None:
     if args.cpu_bind is not None:
         raise ConfigError("--cpu-bind does not apply with --ray: each replica computes on the cores Ray gives it; "
                           "size them with --cpus-per-replica")
+    from shrike.server import connection  # here: uvicorn is no import of every other command
+    for name, default in (("header_timeout", connection.DEFAULT_HEADER_TIMEOUT_SECONDS),
+                          ("body_timeout", connection.DEFAULT_BODY_TIMEOUT_SECONDS),
+                          ("max_headers", connection.DEFAULT_MAX_HEADERS),
+                          ("max_header_bytes", connection.DEFAULT_MAX_HEADER_BYTES)):
+        if getattr(args, name, default) != default:
+            raise ConfigError(f"--{name.replace('_', '-')} does not apply with --ray: Ray Serve's HTTP proxy takes "
+                              "the connections (put a reverse proxy in front of it for such limits)")
     autoscaling = args.min_replicas is not None or args.max_replicas is not None
     if autoscaling and args.num_replicas is not None:
         raise ConfigError("give either --num-replicas or --min-replicas/--max-replicas (autoscaling), not both")
