@@ -8,13 +8,12 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import jinja2
 
 from shrike.engine.async_engine import AsyncEngine
 from shrike.sampling.grammar import GrammarCompiler
-from shrike.server.errors import APIError, bad_request
+from shrike.server.errors import APIError, bad_request, raised_by_shrike
 from shrike.server.metrics import ServerMetrics
 from shrike.server.protocol import ChatMessage
 from shrike.server.reasoning import ReasoningParser
@@ -171,22 +170,11 @@ def _template_failure(error: Exception) -> str:
     if type(error) is jinja2.TemplateError:
         # raise_exception() in the template: its author's message to the user
         return f"the chat template refused these messages: {_one_line(error)}"
-    if isinstance(error, (ValueError, TypeError)) and _raised_by_shrike(error):
+    if isinstance(error, (ValueError, TypeError)) and raised_by_shrike(error):
         return f"the messages cannot be rendered with the chat template: {_one_line(error)}"
     logger.info("the chat template failed on a request's messages: %s: %s", type(error).__name__, _one_line(error))
     return ("these messages cannot be rendered with the chat template (a field or value it expects is missing or "
             "of another type); check the roles, contents and chat_template_kwargs against this model's template")
-
-
-_SHRIKE_PACKAGE = Path(__file__).resolve().parents[1]
-
-
-def _raised_by_shrike(error: Exception) -> bool:
-    """Whether Shrike's own code raised it (so its message was written for people), not Python or a library."""
-    frame = error.__traceback__
-    while frame is not None and frame.tb_next is not None:
-        frame = frame.tb_next
-    return frame is not None and _SHRIKE_PACKAGE in Path(frame.tb_frame.f_code.co_filename).resolve().parents
 
 
 def _one_line(error: Exception) -> str:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import re
+from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -45,9 +46,20 @@ def from_engine_error(error: Exception, param_names: set[str] = frozenset(),
     if isinstance(error, EngineStepError):
         # Not a 500: the server is healthy and the request may well succeed again.
         return APIError(str(error), 503, "service_unavailable", code="engine_step_failed")
-    if isinstance(error, ValueError):
+    if isinstance(error, ValueError) and raised_by_shrike(error):
         return bad_request(str(error), param_of(str(error), param_names, prompt_param))
-    raise error
+    raise error  # a library's ValueError is no word to the client: the 500 handler logs it
+
+
+_SHRIKE_PACKAGE = Path(__file__).resolve().parents[1]
+
+
+def raised_by_shrike(error: Exception) -> bool:
+    """Whether Shrike's own code raised it (so its message was written for people), not Python or a library."""
+    frame = error.__traceback__
+    while frame is not None and frame.tb_next is not None:
+        frame = frame.tb_next
+    return frame is not None and _SHRIKE_PACKAGE in Path(frame.tb_frame.f_code.co_filename).resolve().parents
 
 
 def param_of(message: str, param_names: set[str], prompt_param: str | None = None) -> str | None:
