@@ -31,7 +31,7 @@ import torch
 from shrike import _C
 from shrike.default_model import default_model_dir
 from shrike.engine.llm_engine import EngineConfig, LLMEngine
-from shrike.eval_ppl import evaluate_perplexity
+from shrike.eval_ppl import evaluate_perplexity, scoring_bos
 from shrike.model.config import ModelConfig
 from shrike.model.loader import load_model
 from shrike.quantization.quantize_checkpoint import linear_prefixes, quantize_checkpoint
@@ -102,7 +102,8 @@ def perplexities(path: Path, activation_quant: str) -> dict[str, float]:
     out = {}
     for name, text in TEXTS.items():
         ids = loaded.tokenizer.encode(text.read_text(), add_special_tokens=False)
-        out[name] = evaluate_perplexity(loaded.model, ids, CONTEXT).perplexity
+        bos, _ = scoring_bos(loaded.tokenizer, loaded.model_dir)  # none for SmolLM2; as eval-ppl scores
+        out[name] = evaluate_perplexity(loaded.model, ids, CONTEXT, bos_token_id=bos).perplexity
     return out
 
 

@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from shrike.engine.llm_engine import EngineConfig, LLMEngine
-    from shrike.eval_ppl import evaluate_perplexity
+    from shrike.eval_ppl import evaluate_perplexity, scoring_bos
 
     gguf = args.gguf
     if gguf is None:
@@ -85,9 +85,11 @@ def main(argv: list[str] | None = None) -> int:
         engine = LLMEngine(EngineConfig(model=str(model_dir), max_model_len=min(1024, limit),
                                         cpu_threads=args.threads, progress=False))
         perplexities = []
+        bos, _ = scoring_bos(engine.tokenizer, model_dir)  # Gemma 3 is scored from BOS, as eval-ppl scores it
         for text in TEXTS:
             ids = engine.tokenizer.encode(text.read_text(encoding="utf-8"), add_special_tokens=False)
-            perplexities.append(evaluate_perplexity(engine.runner.model, ids, min(512, limit)).perplexity)
+            perplexities.append(evaluate_perplexity(engine.runner.model, ids, min(512, limit),
+                                                    bos_token_id=bos).perplexity)
         engines[name] = engine
         rows.append([name, *perplexities])
     decode = {name: [] for name in engines}

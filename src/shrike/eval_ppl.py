@@ -5,8 +5,9 @@ is scored from scratch as its own sequence. When the model's tokenizer puts a BO
 text (`add_bos_token` in tokenizer_config.json, or else tokenizer.json's post-processor, as
 transformers encodes), every chunk is BOS + up to --context - 1 text tokens and all its text tokens
 are scored, the first one predicted from BOS alone; a model trained that way scores much worse
-without it (Gemma 3 270M: 62.9 instead of 30.3). Otherwise a chunk is --context text tokens and its
-first token is context only. Perplexity = exp(mean negative log-likelihood of the scored tokens).
+without it (Gemma 3 270M on tests/data/public_domain_english.txt: 8.23 with BOS, 31.69 without).
+Otherwise a chunk is --context text tokens and its first token is context only.
+Perplexity = exp(mean negative log-likelihood of the scored tokens).
 """
 from __future__ import annotations
 
