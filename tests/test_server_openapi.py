@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -133,3 +134,14 @@ def test_what_the_server_refuses_together_the_document_forbids(server, document,
     response = httpx.post(f"{server.base_url}/v1/chat/completions", json={**body, **constraints}, timeout=120,
                           headers={"Authorization": f"Bearer {API_KEY}"})
     assert response.status_code == 400, response.text
+
+
+def test_docs_and_redoc_load_nothing_from_the_internet(server):
+    for page in ("/docs", "/redoc"):
+        html = httpx.get(f"{server.base_url}{page}").text
+        assets = re.findall(r'(?:src|href)="([^"]+)"', html)
+        assert assets and "cdn" not in html, html
+        for asset in assets:
+            assert asset.startswith("/"), asset  # served by this server, not fetched from elsewhere
+            response = httpx.get(f"{server.base_url}{asset}")
+            assert response.status_code == 200 and len(response.content) > 1000, asset

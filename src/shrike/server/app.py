@@ -7,6 +7,7 @@ import logging
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from fastapi_offline import FastAPIOffline
 
 from shrike import __version__
 from shrike.server.chat import create_chat_completion
@@ -44,7 +45,8 @@ def build_app(ctx: ServerContext, log_stats: bool = True, startup_message: str |
             await ctx.async_engine.stop()
             ctx.metrics.close()
 
-    app = FastAPI(title="Shrike", version=__version__, lifespan=lifespan,
+    # /docs and /redoc load Swagger UI and ReDoc from files shipped in fastapi-offline: they work without internet.
+    app = FastAPIOffline(title="Shrike", version=__version__, lifespan=lifespan,
                   description="OpenAI-compatible API served by Shrike, a CPU-native LLM engine.")
     install_error_handlers(app)
     install_openapi(app, api_key_required=bool(ctx.api_key), vocab_size=ctx.vocab_size,

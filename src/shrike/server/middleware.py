@@ -16,8 +16,9 @@ MAX_BODY_BYTES = 8 << 20  # a full 128k-token prompt as JSON token ids is about 
 # none of which reaches the model or its tokenizer. Everything else, unknown paths included, needs the key,
 # so a route added later is guarded unless it is listed here on purpose.
 OPEN_PATHS = frozenset({"/", "/health", "/metrics", "/version", "/openapi.json", "/docs", "/redoc"})
-# The chat page's own files: it asks for the key itself, so loading it must not need one.
-OPEN_PREFIXES = ("/web/",)
+# The chat page's own files (it asks for the key itself) and the /docs and /redoc pages' scripts and styles:
+# loading them must not need one.
+OPEN_PREFIXES = ("/web/", "/static-offline-docs/")
 
 
 class APIKeyMiddleware:
