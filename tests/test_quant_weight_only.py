@@ -30,6 +30,7 @@ from safetensors.torch import save_file
 
 from shrike.engine.llm_engine import EngineConfig, LLMEngine
 from shrike.eval_ppl import sequence_logits
+from shrike.executor.step import EagerStep
 from shrike.model.config import ModelConfig
 from shrike.model.loader import load_model
 from shrike.quantization.quantize_checkpoint import linear_prefixes
@@ -196,9 +197,12 @@ def test_reference_backend_builds_the_kernels_weights(checkpoints, name):
     kernel = load_model(str(checkpoints[name]), progress=False).model
     reference = load_model(str(checkpoints[name]), progress=False, kernel_backend="reference").model
     x = torch.randn(5, kernel.config.hidden_size, generator=torch.Generator().manual_seed(0)).bfloat16()
+    steps = [EagerStep.prefill(m.ops, torch.zeros(5, dtype=torch.int64), 16, torch.arange(5)) for m in (kernel, reference)]
     for a, b in zip(kernel.layers, reference.layers):
         assert a.qkv_proj.format == b.qkv_proj.format == "weight_only"
-        assert torch.equal(a.qkv_proj(x), b.qkv_proj(x)) and torch.equal(a.gate_up_proj(x), b.gate_up_proj(x))
+        for name in ("qkv_proj", "gate_up_proj"):
+            ours, theirs = (getattr(layer, name)(step, x, 5) for layer, step in zip((a, b), steps))
+            assert torch.equal(ours, theirs), name
 
 
 def _greedy(model: str, prompts: list[str], **engine) -> list[list[int]]:
