@@ -308,3 +308,20 @@ def test_responses_mistakes_are_clear_errors(client, server):
     assert client.models.retrieve(SERVED_NAME).id == SERVED_NAME
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         client.models.retrieve("nope")
+
+
+def test_stop_reason_and_include_stop_str_in_output(client):
+    # vLLM's fields: the stop string (or stop token id) that ended each choice, and keeping it in the text.
+    kwargs = dict(model=SERVED_NAME, prompt="The capital of France is", temperature=0, max_tokens=20, stop=["Paris"])
+    plain = client.completions.create(**kwargs).choices[0]
+    kept = client.completions.create(**kwargs, extra_body={"include_stop_str_in_output": True}).choices[0]
+    assert (plain.text, plain.model_extra["stop_reason"]) == (" ", "Paris")
+    assert (kept.text, kept.model_extra["stop_reason"]) == (" Paris", "Paris")
+    chat = dict(model=SERVED_NAME, messages=[{"role": "user", "content": "What is the capital of France?"}],
+                temperature=0, max_tokens=30, stop=["Paris"])
+    answer = client.chat.completions.create(**chat).choices[0]
+    assert answer.model_extra["stop_reason"] == "Paris" and "Paris" not in answer.message.content
+    last = [c for c in client.chat.completions.create(stream=True, **chat) if c.choices][-1].choices[0]
+    assert (last.finish_reason, last.model_extra["stop_reason"]) == ("stop", "Paris")
+    unstopped = client.completions.create(**{**kwargs, "stop": None, "max_tokens": 3}).choices[0]
+    assert unstopped.finish_reason == "length" and unstopped.model_extra["stop_reason"] is None

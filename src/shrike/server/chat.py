@@ -70,11 +70,12 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request, 
             choice.num_tokens += len(delta.token_ids)
             choice.logprobs += shown_logprobs(delta, params, ctx.tokenizer.eos_token_ids)
             choice.finish_reason = delta.finish_reason or choice.finish_reason
+            choice.stop_reason = delta.stop_reason if delta.stop_reason is not None else choice.stop_reason
     completion_tokens = sum(c.num_tokens for c in choices)
     return JSONResponse({
         "id": response_id, "object": "chat.completion", "created": created, "model": ctx.model_name,
         "choices": [{"index": i, **_answer(ctx.reasoning_parser, plan.parser, c.text, c.finish_reason),
-                     "logprobs": _logprobs(ctx, c.logprobs) if body.logprobs else None}
+                     "logprobs": _logprobs(ctx, c.logprobs) if body.logprobs else None, "stop_reason": c.stop_reason}
                     for i, c in enumerate(choices)],
         "usage": usage(len(prompt_ids), completion_tokens),
     })
@@ -132,7 +133,8 @@ async def _chunks(ctx: ServerContext, generation: Generation, response_id: str, 
                               "logprobs": _logprobs(ctx, shown_logprobs(delta, generation.params,
                                                                         ctx.tokenizer.eos_token_ids))
                               if want_logprobs and j == 0 else None,
-                              "finish_reason": finish_reason if last else None}])
+                              "finish_reason": finish_reason if last else None,
+                              "stop_reason": delta.stop_reason if last else None}])
     if include_usage:
         yield {"id": response_id, "object": "chat.completion.chunk", "created": created, "model": ctx.model_name,
                "choices": [], "usage": usage(num_prompt_tokens, completion_tokens)}

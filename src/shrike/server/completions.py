@@ -98,11 +98,13 @@ async def create_completion(body: CompletionRequest, request: Request, ctx: Serv
             logprobs[index].extend(prefix_logprobs)
             logprobs[index].add_generated(shown_logprobs(delta, params, ctx.tokenizer.eos_token_ids))
             choice.finish_reason = delta.finish_reason or choice.finish_reason
+            choice.stop_reason = delta.stop_reason if delta.stop_reason is not None else choice.stop_reason
     return JSONResponse({
         "id": response_id, "object": "text_completion", "created": created, "model": ctx.model_name,
         "choices": [{"index": i, "text": c.text,
                      "logprobs": logprobs[i].result() if body.logprobs is not None else None,
-                     "finish_reason": c.finish_reason} for i, c in enumerate(choices)],
+                     "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
+                    for i, c in enumerate(choices)],
         "usage": usage(num_prompt_tokens, sum(c.num_tokens for c in choices)),
     })
 
@@ -127,7 +129,7 @@ async def _chunks(ctx: ServerContext, generation: Generation, view: "_ChoiceView
                 builder.add_generated(shown_logprobs(delta, generation.params, ctx.tokenizer.eos_token_ids))
                 choice_logprobs = builder.result()
             choices.append({"index": index, "text": text, "logprobs": choice_logprobs,
-                            "finish_reason": delta.finish_reason})
+                            "finish_reason": delta.finish_reason, "stop_reason": delta.stop_reason})
         if choices:
             event = {"id": response_id, "object": "text_completion", "created": created, "model": ctx.model_name,
                      "choices": choices}

@@ -106,6 +106,7 @@ class ChoiceText:
     num_tokens: int = 0
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     finish_reason: str | None = None
+    stop_reason: int | str | None = None  # vLLM's: the stop string or stop token id that ended it
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:

@@ -89,6 +89,7 @@ class SamplingRequest(_Request):
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
     # structured outputs: OpenAI's response_format, vLLM's structured_outputs (and its older guided_* fields)
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None

@@ -78,6 +78,7 @@ def build_sampling_params(request: SamplingRequest, defaults: SamplingDefaults, 
             repetition_penalty=default(request.repetition_penalty, defaults.repetition_penalty),
             presence_penalty=request.presence_penalty, frequency_penalty=request.frequency_penalty,
             stop=stop, stop_token_ids=stop_token_ids, ignore_eos=request.ignore_eos, logprobs=logprobs,
-            prompt_logprobs=prompt_logprobs, skip_special_tokens=request.skip_special_tokens, n=request.n)
+            prompt_logprobs=prompt_logprobs, skip_special_tokens=request.skip_special_tokens, n=request.n,
+            include_stop_str_in_output=request.include_stop_str_in_output)
     except ValueError as e:
         raise bad_request(str(e), param_of(str(e), set(type(request).model_fields))) from None
