@@ -67,3 +67,16 @@ def test_flags_that_cannot_work_get_one_line(flags, message, capsys):
     assert main(["serve", *flags]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/completions", b'{"prompt": 5}', "prompt"),
+    ("/v1/chat/completions", b'{"messages": "hi"}', "messages"),
+    ("/v1/completions", b"{not json", None),
+    ("/tokenize", b'{"prompt": "x", "add_special_tokens": "yes"}', "add_special_tokens"),
+])
+def test_a_full_cluster_still_refuses_a_malformed_body_with_its_400(path, body, param):
+    from shrike.server.ray.ingress import _malformed
+    refusal = _malformed({"method": "POST", "path": path, "body": body})
+    assert refusal.status == 400 and refusal.param == param, refusal.body()
+    assert _malformed({"method": "POST", "path": "/v1/completions", "body": b'{"prompt": "Hi"}'}) is None

@@ -112,6 +112,12 @@ def _shown(value) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+def validation_error(errors: list[dict]) -> APIError:
+    """The 400 for what pydantic found wrong with a request body."""
+    message, param = _validation_message(errors) if errors else ("invalid request", None)
+    return bad_request(message, param)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def api_error(request: Request, error: APIError) -> JSONResponse:
@@ -119,9 +125,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
-        errors = list(error.errors())
-        message, param = _validation_message(errors) if errors else ("invalid request", None)
-        return bad_request(message, param).response()
+        return validation_error(list(error.errors())).response()
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:

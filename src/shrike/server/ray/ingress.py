@@ -13,13 +13,15 @@ import json
 import logging
 import time
 
+from pydantic import ValidationError
 from ray import serve
-from ray.exceptions import RayActorError, RayTaskError
+from ray.exceptions import RayActorError, RayTaskError, TaskCancelledError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError
 from starlette.types import Receive, Scope, Send
 
-from shrike.server.errors import RETRY_AFTER_SECONDS, APIError
-from shrike.server.middleware import RequestBodyMiddleware
+from shrike.server.errors import RETRY_AFTER_SECONDS, APIError, validation_error
+from shrike.server.middleware import APIKeyMiddleware, RequestBodyMiddleware
+from shrike.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from shrike.server.ray.metrics_merge import merge_expositions
 from shrike.server.ray.prefix import prefix_hashes
 from shrike.server.ray.replica import ACCEPTED, REPLICA_HEADER
@@ -31,6 +33,9 @@ logger = logging.getLogger("shrike.server.ray")
 ROUTING_TIMEOUT_SECONDS = 30.0
 METRICS_TIMEOUT_SECONDS = 5.0
 STATUS_CACHE_SECONDS = 1.0
+# What a replica would validate a body against, checked here when every replica is full.
+REQUEST_MODELS = {"/v1/completions": CompletionRequest, "/v1/chat/completions": ChatCompletionRequest,
+                  "/tokenize": TokenizeRequest, "/detokenize": DetokenizeRequest}
 
 
 def _replica_lost(error: Exception) -> APIError:
@@ -96,9 +101,11 @@ class IngressApp:
                                "is starting or every replica is down", 503, "service_unavailable",
                                code="no_replica", headers={"Retry-After": str(RETRY_AFTER_SECONDS)}) from None
             except BackPressureError:
-                raise APIError("the cluster is busy: every replica is full and so is the queue in front of them; "
-                               "retry shortly", 503, "service_unavailable", code="queue_full",
-                               headers={"Retry-After": str(RETRY_AFTER_SECONDS)}) from None
+                # A malformed request gets its 400 even now: a 503 would have its client retry it in vain.
+                raise _malformed(request) or APIError(
+                    "the cluster is busy: every replica is full and so is the queue in front of them; retry shortly",
+                    503, "service_unavailable", code="queue_full",
+                    headers={"Retry-After": str(RETRY_AFTER_SECONDS)}) from None
             except (RayActorError, DeploymentUnavailableError) as error:
                 # It died before it started: nothing of this request was computed for the client.
                 logger.warning("a replica was lost before it took a request (%s); %s", type(error).__name__,
@@ -206,6 +213,37 @@ class IngressApp:
         return replica, b"".join(chunks).decode()
 
 
+class _CancelledReceiveIsDisconnect:
+    """Ray's proxy cancels a request whose client left by failing the ingress's next receive() with
+    TaskCancelledError; to the app below that is the ASGI disconnect it already handles."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def receive_or_disconnect() -> dict:
+            try:
+                return await receive()
+            except TaskCancelledError:
+                return {"type": "http.disconnect"}
+            except RayTaskError as error:
+                if isinstance(error.cause, (TaskCancelledError, asyncio.CancelledError)):
+                    return {"type": "http.disconnect"}
+                raise
+
+        await self.app(scope, receive_or_disconnect, send)
+
+
+def _malformed(request: dict) -> APIError | None:
+    model = REQUEST_MODELS.get(request["path"]) if request["method"] == "POST" else None
+    try:
+        if model is not None:
+            model.model_validate_json(request["body"])
+    except ValidationError as error:
+        return validation_error(error.errors(include_url=False))
+    return None
+
+
 async def _send_json(send: Send, status: int, body: dict) -> None:
     await _send_text(send, status, json.dumps(body), "application/json")
 
@@ -217,10 +255,14 @@ async def _send_text(send: Send, status: int, text: str, content_type: str) -> N
 
 
 class ShrikeIngress:
-    def __init__(self, engine, engine_deployment: str):
+    def __init__(self, engine, engine_deployment: str, api_key: str | None = None):
         # The application's name is the deployer's choice (a Serve config may rename it).
         app_name = serve.get_replica_context().app_name
         self.asgi = RequestBodyMiddleware(IngressApp(engine, app_name, engine_deployment))
+        if api_key:
+            # The replicas check the key too; checked here first, nothing of a stranger's request is parsed.
+            self.asgi = APIKeyMiddleware(self.asgi, api_key)
+        self.asgi = _CancelledReceiveIsDisconnect(self.asgi)
 
     def __serve_build_asgi_app__(self):
         return self.asgi

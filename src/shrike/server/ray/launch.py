@@ -110,7 +110,7 @@ def build_application(args: argparse.Namespace, router: str = "prefix-affinity")
         max_ongoing_requests=high * capacity + args.max_queue_len + 64,
         graceful_shutdown_timeout_s=args.shutdown_timeout + 5)
     serve_args = {**vars(args), "cpus_per_replica": cpus}
-    return ingress.bind(engine.bind(serve_args), ENGINE_DEPLOYMENT)
+    return ingress.bind(engine.bind(serve_args), ENGINE_DEPLOYMENT, args.api_key)
 
 
 def app_builder(config: dict):
