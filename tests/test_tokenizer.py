@@ -187,3 +187,11 @@ def test_tools_reach_a_template_that_ignores_them(tokenizer):
     assert rendered.startswith("<|im_start|>system\n# Tools\n") and json.dumps(TOOLS[0]) in rendered
     assert ('<|im_start|>assistant\n<tool_call>\n{"name": "lookup", "arguments": {"q": "x"}}\n</tool_call><|im_end|>\n'
             '<|im_start|>tool\n<tool_response>\n42\n</tool_response><|im_end|>\n<|im_start|>assistant\n') in rendered
+
+
+def test_tools_reach_a_template_that_refuses_them(default_model_dir):
+    template = ("{% if tools %}{{ raise_exception('this model does not support tools') }}{% endif %}"
+                "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}")
+    rendered = Tokenizer(default_model_dir, chat_template=template).apply_chat_template(
+        [{"role": "user", "content": "Find x"}], tools=TOOLS)
+    assert rendered.startswith("<system># Tools") and '"name": "lookup"' in rendered

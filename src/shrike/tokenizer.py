@@ -84,7 +84,10 @@ class Tokenizer:
         source = self._select_chat_template(tools)
         messages = [_normalized_message(message) for message in messages]
         if tools or any(m.get("tool_calls") or m.get("role") == "tool" for m in messages):
-            messages = adapt_conversation(messages, tools, self._tool_support(source))
+            support = self._tool_support(source)
+            messages = adapt_conversation(messages, tools, support)
+            if support.needs_generic_prompt:
+                tools = None  # they are in the system message now; some such templates refuse a tools argument
         if continue_final_message and add_generation_prompt:
             raise ValueError("continue_final_message and add_generation_prompt exclude each other: the first "
                              "continues the last message, the second starts a new one")
