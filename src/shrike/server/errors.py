@@ -124,7 +124,7 @@ def install_error_handlers(app: FastAPI) -> None:
         return error.response()
 
     @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
+    async def request_validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
         return validation_error(list(error.errors())).response()
 
     @app.exception_handler(StarletteHTTPException)
