@@ -132,9 +132,41 @@ int64_t prepare(PyExecutor& p, int64_t num_seqs, int64_t num_tokens, int64_t num
   return p.step.table_width;
 }
 
+// The experts of one MoE block, checked: each expert's gate_up is (2 * intermediate, hidden) and its down
+// (hidden, intermediate), alike for all experts.
+shrike::moe::Experts experts_of(const std::vector<Linear>& gate_up, const std::vector<Linear>& down, int64_t top_k,
+                                bool normalize) {
+  const std::string op = "moe";
+  require(!down.empty() && gate_up.size() == down.size(), op, "needs one gate_up and one down linear per expert");
+  require(top_k >= 1 && top_k <= static_cast<int64_t>(down.size()), op, "top_k must be between 1 and the number of experts");
+  for (size_t e = 0; e < down.size(); ++e)
+    require(down[e].n == down[0].n && down[e].k == down[0].k && gate_up[e].n == 2 * down[0].k &&
+                gate_up[e].k == down[0].n, op, "expert " + std::to_string(e) + "'s linears do not have the block's shapes");
+  return {gate_up, down, top_k, normalize};
+}
+
 }  // namespace
 
 void bind_executor(nb::module_& m) {
+  m.def("moe", [](const Array& x, const Array& router_logits, const std::vector<Linear>& gate_up,
+                  const std::vector<Linear>& down, Array& out, int64_t top_k, bool normalize) {
+    const std::string op = "moe";
+    shrike::moe::Experts experts = experts_of(gate_up, down, top_k, normalize);
+    const DType dt = float_dtype(x, op, "x");
+    require(float_dtype(out, op, "out") == dt, op, "x and out must share one dtype");
+    require(x.ndim() == 2 && dim(x, 1) == experts.hidden() && out.size() == x.size(), op,
+            "x and out must be (tokens, hidden)");
+    const int64_t rows = dim(x, 0);
+    require(router_logits.ndim() == 2 && dim(router_logits, 0) == rows && dim(router_logits, 1) == experts.num_experts(),
+            op, "router_logits must be (tokens, experts)");
+    const float* logits = data_of<const float>(router_logits, "router_logits", 0);
+    nb::gil_scoped_release release;
+    shrike::moe::Workspace workspace;
+    shrike::moe::forward(experts, x.data(), logits, rows, out.data(), dt, workspace);
+  }, nb::arg("x"), nb::arg("router_logits"), nb::arg("gate_up"), nb::arg("down"), nb::arg("out").noconvert(),
+     nb::arg("top_k"), nb::arg("normalize"),
+     "Mixture-of-experts block: route each row to its top_k experts, run them over their rows, combine.");
+
   nb::class_<Linear>(m, "TapeLinear")
       .def("__init__", [](Linear* self, const std::string& kind, const Array& weight, std::optional<Array> bias,
                           int64_t n, int64_t k, int64_t group) {
@@ -232,6 +264,11 @@ void bind_executor(nb::module_& m) {
       .def("softcap", [](PyExecutor& p, int x, const std::string& rows, int64_t width, float cap) {
         p.exe.add_op("softcap", softcap_op({x, rows_named(rows)}, width, cap));
       })
+      .def("moe", [](PyExecutor& p, int x, int router_logits, const std::vector<Linear>& gate_up,
+                     const std::vector<Linear>& down, int out, int64_t top_k, bool normalize, const std::string& dt) {
+        p.exe.add_op("moe", moe_op(experts_of(gate_up, down, top_k, normalize), x, router_logits, out, dtype_named(dt)));
+      }, nb::arg("x"), nb::arg("router_logits"), nb::arg("gate_up"), nb::arg("down"), nb::arg("out"), nb::arg("top_k"),
+         nb::arg("normalize"), nb::arg("dtype"))
       .def("gather_rows", [](PyExecutor& p, int x, int out, int64_t row_bytes) {
         p.exe.add_op("gather_rows", gather_rows_op(x, out, row_bytes));
       })

@@ -42,6 +42,7 @@ endforeach()
 set_property(SOURCE ${CMAKE_CURRENT_LIST_DIR}/attention/attention_amx.cpp ${CMAKE_CURRENT_LIST_DIR}/attention/attention_amx_ref.cpp
                     ${CMAKE_CURRENT_LIST_DIR}/attention/attention_int16_avx512vnni.cpp
                     ${CMAKE_CURRENT_LIST_DIR}/attention/attention_int16_ref.cpp
+                    ${CMAKE_CURRENT_LIST_DIR}/moe/moe.cpp
              APPEND PROPERTY COMPILE_OPTIONS -ffp-contract=off)
 
 add_library(shrike_kernels STATIC ${SHRIKE_SOURCES})

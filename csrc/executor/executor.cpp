@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <stdexcept>
 
 #include "attention/attention.h"
@@ -268,6 +269,14 @@ OpFn gather_rows_op(int x, int out, int64_t row_bytes) {
     uint8_t* o = bytes(e, out);
     for (int64_t i = 0; i < s.num_logits; ++i)
       std::memcpy(o + i * row_bytes, in + e.inputs.logits_rows[i] * row_bytes, row_bytes);
+  };
+}
+
+OpFn moe_op(moe::Experts experts, int x, int router_logits, int out, DType dt) {
+  auto workspace = std::make_shared<moe::Workspace>();  // the closure's own scratch, reused every step
+  return [=](Executor& e, const Step& s) {
+    moe::forward(experts, e.buffer(x), static_cast<const float*>(e.buffer(router_logits)), s.num_tokens, e.buffer(out),
+                 dt, *workspace);
   };
 }
 

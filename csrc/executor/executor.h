@@ -12,6 +12,7 @@
 
 #include "common/dtype.h"
 #include "executor/linear_format.h"
+#include "moe/moe.h"
 
 namespace shrike::executor {
 
@@ -103,5 +104,7 @@ OpFn gelu_tanh_mul_op(int gate_up, int out, int64_t width, DType dt, const Linea
 OpFn scale_op(RowsArg x, int64_t width, float factor, bool divide, DType dt);
 OpFn softcap_op(RowsArg x, int64_t width, float cap);
 OpFn gather_rows_op(int x, int out, int64_t row_bytes);
+// Mixture-of-experts block (csrc/moe): x (tokens, hidden) and float32 router logits (tokens, experts) -> out.
+OpFn moe_op(moe::Experts experts, int x, int router_logits, int out, DType dt);
 
 }  // namespace shrike::executor

@@ -29,7 +29,7 @@ from shrike.registry import Registry
 # The op names, in the order a decoder step runs them.
 OP_NAMES = ("embedding", "rmsnorm", "add_rmsnorm", "head_rmsnorm", "w4a8_linear", "w8a8_linear", "weight_only_linear",
             "dense_linear", "rope_write_kv", "paged_attention", "silu_mul", "gelu_tanh_mul", "mul_scalar", "div_scalar",
-            "softcap")
+            "softcap", "moe")
 
 
 # References ---------------------------------------------------------------------------------
@@ -152,6 +152,51 @@ def softcap_reference(x: torch.Tensor, cap: float) -> None:
     x.copy_(torch.tanh(x / cap) * cap)
 
 
+def route_reference(router_logits: torch.Tensor, top_k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """router_logits (T, E) -> (experts (T, k) int64 best first, weights (T, k) float32): softmax in float32,
+    the top_k by probability with ties to the lower expert index, renormalised over them when `normalize`."""
+    probs = torch.softmax(router_logits.float(), dim=-1)
+    experts = torch.sort(router_logits.float(), dim=-1, descending=True, stable=True).indices[:, :top_k]
+    weights = probs.gather(1, experts)
+    return experts, weights / weights.sum(-1, keepdim=True) if normalize else weights
+
+
+def moe_reference(x: torch.Tensor, router_logits: torch.Tensor, experts, out: torch.Tensor, top_k: int,
+                  normalize: bool) -> None:
+    """out (T, hidden) = sum over each row's top_k experts (shrike.weight_formats.ExpertWeights) of
+    weight * down(silu(gate) * up)(x row), each expert run once over its rows by its format's reference
+    linear (gate_up in x's dtype, down in float32), summed in float32 in ascending expert order."""
+    chosen, weights = route_reference(router_logits, top_k, normalize)  # (T, k), (T, k)
+    linear = _REFERENCE_LINEARS[experts.op]
+    acc = torch.zeros(x.shape[0], out.shape[1])  # (T, hidden) float32
+    for e in range(len(experts.down)):
+        rows, rank = (chosen == e).nonzero(as_tuple=True)
+        if rows.numel() == 0:
+            continue
+        inter = experts.intermediate
+        gate_up = torch.empty(rows.numel(), 2 * inter, dtype=x.dtype)
+        linear(x[rows], _unpacked(experts.gate_up[e]), None, gate_up)
+        act = torch.empty(rows.numel(), inter, dtype=x.dtype)
+        silu_mul_reference(gate_up, act)
+        y = torch.empty(rows.numel(), out.shape[1])  # (rows, hidden) float32
+        linear(act, _unpacked(experts.down[e]), None, y)
+        acc[rows] += weights[rows, rank][:, None] * y
+    out.copy_(acc)
+
+
+def _unpacked(weight):
+    """A reference linear's form of an expert weight: bf16 tiles of the AMX kernel back to (N, K)."""
+    return weight.unpack() if isinstance(weight, DenseTileWeight) else weight
+
+
+def moe_kernel(x: torch.Tensor, router_logits: torch.Tensor, experts, out: torch.Tensor, top_k: int,
+               normalize: bool) -> None:
+    linears = experts.tape_linears()
+    if linears is None:
+        raise TypeError("the built-in moe op needs expert weights packed for Shrike's kernels")
+    _C.moe(x, router_logits, *linears, out, top_k, normalize)
+
+
 def _reference_weight(weight):
     """The reference GEMMs' form of a weight; kernel-packed weights are unpacked once."""
     from shrike import kernels
@@ -255,6 +300,10 @@ def _dense_tile_order(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
         out[:, n0:n0 + chunk] = acc if bias is None else acc + bias[n0:n0 + chunk]
 
 
+_REFERENCE_LINEARS = {"w4a8_linear": w4a8_linear_reference, "w8a8_linear": w8a8_linear_reference,
+                      "weight_only_linear": weight_only_linear_reference, "dense_linear": dense_linear_reference}
+
+
 # Built-in kernels with the op calling convention ---------------------------------------------
 
 def w4a8_linear_kernel(x: torch.Tensor, weight, bias: torch.Tensor | None, out: torch.Tensor) -> None:
@@ -309,6 +358,7 @@ def register_builtin_ops(registry: Registry) -> None:
         "mul_scalar": _C.mul_scalar,
         "div_scalar": _C.div_scalar,
         "softcap": _C.softcap,
+        "moe": moe_kernel,
     }
     references = {
         "embedding": embedding_reference,
@@ -326,6 +376,7 @@ def register_builtin_ops(registry: Registry) -> None:
         "mul_scalar": mul_scalar_reference,
         "div_scalar": div_scalar_reference,
         "softcap": softcap_reference,
+        "moe": moe_reference,
     }
     for name in OP_NAMES:
         if name in kernels:

@@ -91,6 +91,7 @@ def build_registry(environ: Mapping[str, str] = os.environ) -> Registry:
     # plugins must work without it (shrike doctor reports a broken extension that way).
     from shrike.model.gemma3 import register_architectures as register_gemma3
     from shrike.model.llama import register_architectures
+    from shrike.model.moe import register_architectures as register_moe
     from shrike.ops import register_builtin_ops
     from shrike.quantization.loading import QuantizedLinearFactory
 
@@ -98,6 +99,7 @@ def build_registry(environ: Mapping[str, str] = os.environ) -> Registry:
     register_builtin_ops(registry)
     register_architectures(registry)
     register_gemma3(registry)
+    register_moe(registry)
     registry.register_quantization("compressed-tensors", QuantizedLinearFactory)
     load_plugins(registry, environ)
     registry.check_ops()

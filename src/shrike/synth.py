@@ -21,7 +21,8 @@ from tqdm import tqdm
 from shrike.errors import ConfigError
 from shrike.quantization.compressed_tensors_format import (
     check_format, default_format, pack_int, quantization_config, stored_tensor_names, stored_tensor_specs)
-from shrike.quantization.quantize_checkpoint import LINEAR_NAMES
+from shrike.model.config import ModelConfig
+from shrike.model.moe import MOE_ARCHITECTURES, router_ignore
 from shrike.quantization.safetensors_io import StreamingSafetensorsWriter, TensorSpec
 from shrike.quantization.schemes import SCHEMES, QuantScheme
 
@@ -38,10 +39,23 @@ SHAPES = {
                      "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64, "vocab_size": 49152,
                      "tie_word_embeddings": True, "rope_theta": 100000.0, "rms_norm_eps": 1e-5,
                      "max_position_embeddings": 8192},
+    # Qwen3-30B-A3B: 128 experts of intermediate 768, 8 active per token (about 3.3 B of 30.5 B parameters)
+    "qwen3-30b-a3b": {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 2048,
+                      "intermediate_size": 6144, "moe_intermediate_size": 768, "num_experts": 128,
+                      "num_experts_per_tok": 8, "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [],
+                      "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+                      "vocab_size": 151936, "tie_word_embeddings": False, "rope_theta": 1000000.0,
+                      "rms_norm_eps": 1e-6, "max_position_embeddings": 40960},
     # For tests: every W4A8 group size divides its widths, and lm_head is a separate (ignored) layer.
     "tiny": {"hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 2, "num_attention_heads": 4,
              "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 49152, "tie_word_embeddings": False,
              "rope_theta": 10000.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 2048},
+    "tiny-moe": {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 256,
+                 "intermediate_size": 768, "moe_intermediate_size": 128, "num_experts": 8, "num_experts_per_tok": 2,
+                 "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [], "num_hidden_layers": 2,
+                 "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 49152,
+                 "tie_word_embeddings": False, "rope_theta": 10000.0, "rms_norm_eps": 1e-6,
+                 "max_position_embeddings": 2048},
 }
 
 
@@ -66,15 +80,24 @@ def synth_config(like: str, layers: int | None, scheme: QuantScheme | None, fmt:
               "torch_dtype": "bfloat16", "bos_token_id": bos, "eos_token_id": eos}
     if scheme is not None:
         ignore = [] if shape["tie_word_embeddings"] else ["lm_head"]
+        if config["architectures"][0] in MOE_ARCHITECTURES:
+            ignore.append(router_ignore(ModelConfig.from_dict(config)))
         config["quantization_config"] = quantization_config(scheme, fmt, ignore)
     return config
 
 
 def _linear_shapes(config: dict) -> dict[str, tuple[int, int]]:
+    """Linear name under model.layers.{i} -> (N, K) of one layer, in file order (the MLP's or experts' last)."""
     h, i = config["hidden_size"], config["intermediate_size"]
     q, kv = config["num_attention_heads"] * config["head_dim"], config["num_key_value_heads"] * config["head_dim"]
-    return {"self_attn.q_proj": (q, h), "self_attn.k_proj": (kv, h), "self_attn.v_proj": (kv, h),
-            "self_attn.o_proj": (h, q), "mlp.gate_proj": (i, h), "mlp.up_proj": (i, h), "mlp.down_proj": (h, i)}
+    attention = {"self_attn.q_proj": (q, h), "self_attn.k_proj": (kv, h), "self_attn.v_proj": (kv, h),
+                 "self_attn.o_proj": (h, q)}
+    if config["architectures"][0] not in MOE_ARCHITECTURES:
+        return {**attention, "mlp.gate_proj": (i, h), "mlp.up_proj": (i, h), "mlp.down_proj": (h, i)}
+    e = config["moe_intermediate_size"]
+    experts = {f"mlp.experts.{x}.{name}": shape for x in range(config["num_experts"])
+               for name, shape in (("gate_proj", (e, h)), ("up_proj", (e, h)), ("down_proj", (h, e)))}
+    return {**attention, **experts}
 
 
 def _linear_tensors(prefix: str, n: int, k: int, scheme: QuantScheme | None, fmt: str,
@@ -129,10 +152,16 @@ def synthesize(dst: Path, like: str, scheme_name: str, fmt: str | None = None, l
     for i in range(config["num_hidden_layers"]):
         p = f"model.layers.{i}"
         steps.append((f"{p}.input_layernorm.weight", (h,), lambda: torch.ones(h, dtype=torch.bfloat16)))
-        for name in LINEAR_NAMES:
-            if name == "mlp.gate_proj":
+        if config["architectures"][0] == "Qwen3MoeForCausalLM":  # Qwen3's RMSNorm of each q and k head
+            d = config["head_dim"]
+            steps += [(f"{p}.self_attn.{n}_norm.weight", (d,), lambda: torch.ones(d, dtype=torch.bfloat16)) for n in "qk"]
+        for name in linears:
+            if name in ("mlp.gate_proj", "mlp.experts.0.gate_proj"):
                 steps.append((f"{p}.post_attention_layernorm.weight", (h,),
                               lambda: torch.ones(h, dtype=torch.bfloat16)))
+            if name == "mlp.experts.0.gate_proj":  # the router: dense, never quantized
+                experts = config["num_experts"]
+                steps.append((f"{p}.mlp.gate.weight", (experts, h), lambda: _random_rows(experts, h, gen)))
             n, k = linears[name]
             steps.append((f"{p}.{name}", (n, k), lambda prefix=f"{p}.{name}", n=n, k=k:
                           _linear_tensors(prefix, n, k, scheme, fmt, gen)))
@@ -142,7 +171,7 @@ def synthesize(dst: Path, like: str, scheme_name: str, fmt: str | None = None, l
 
     specs = []
     for name, shape, _ in steps:
-        if len(shape) == 2 and not name.endswith(("embed_tokens.weight", "lm_head.weight")):
+        if len(shape) == 2 and not name.endswith(("embed_tokens.weight", "lm_head.weight", "mlp.gate.weight")):
             specs += [TensorSpec(f"{name}.weight", torch.bfloat16, shape)] if scheme is None \
                 else stored_tensor_specs(name, *shape, scheme, fmt, torch.bfloat16)
         else:

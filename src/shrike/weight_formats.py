@@ -73,3 +73,27 @@ def tape_linear(op: str, weight, bias: torch.Tensor | None) -> "tuple[_C.TapeLin
     if bias is not None:
         bias = bias.float().contiguous()
     return fmt.tape_linear(weight, bias), bias
+
+
+@dataclass
+class ExpertWeights:
+    """The experts of one mixture-of-experts block, all in one weight format: what the `moe` op takes.
+
+    gate_up[e] is expert e's gate and up projections fused along the output ((2 * intermediate, hidden),
+    gate rows first), down[e] its down projection ((hidden, intermediate)); no biases."""
+
+    op: str  # the linear op of their format (a key of LINEAR_OPS)
+    gate_up: list
+    down: list
+    intermediate: int
+    _tape: tuple | None = None
+
+    def tape_linears(self) -> "tuple[list[_C.TapeLinear], list[_C.TapeLinear]] | None":
+        """The executor's description of every expert's linears (built once), or None when the weights are
+        not ones the format's kernels take (reference-backend weights)."""
+        if self._tape is None:
+            described = [[tape_linear(self.op, w, None) for w in ws] for ws in (self.gate_up, self.down)]
+            if any(d is None for ds in described for d in ds):
+                return None
+            self._tape = tuple([d[0] for d in ds] for ds in described)
+        return self._tape

@@ -89,7 +89,10 @@ class CompiledTape:
                 quantize_for[i], prequantized = linear, prequantized | {i + 1}
         begin = len(self.exe)
         for i, entry in enumerate(entries):
-            if entry.op == "gather_rows" or (self._builtin(entry.op) and (entry.op not in LINEAR_OPS or linears[i])):
+            # A linear (or a moe block) whose weights the kernels cannot take runs as a Python op.
+            kernel_weights = linears[i] if entry.op in LINEAR_OPS else \
+                entry.args[2].tape_linears() if entry.op == "moe" else True
+            if entry.op == "gather_rows" or (self._builtin(entry.op) and kernel_weights):
                 self._emit(entry, quantize_for.get(i), i in prequantized, linears.get(i))
                 continue
             if len(self.exe) > begin:
@@ -148,6 +151,9 @@ class CompiledTape:
         elif op == "softcap":
             x, cap = a
             exe.softcap(x.id, x.rows, x.width, cap)
+        elif op == "moe":
+            x, router_logits, experts, out, top_k, normalize = a
+            exe.moe(x.id, router_logits.id, *experts.tape_linears(), out.id, top_k, normalize, _DTYPE_NAMES[x.dtype])
         elif op == "gather_rows":
             x, out = a
             exe.gather_rows(x.id, out.id, x.width * x.dtype.itemsize)

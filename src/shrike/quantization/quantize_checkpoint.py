@@ -12,6 +12,7 @@ from tqdm import tqdm
 
 from shrike.errors import ConfigError
 from shrike.model.config import ModelConfig
+from shrike.model.moe import MOE_ARCHITECTURES, quantizable_linears, router_ignore
 from shrike.quantization.calibration import input_statistics
 from shrike.quantization.compressed_tensors_format import (
     check_format, default_format, matches_any, pack_int, quantization_config, stored_tensor_names,
@@ -56,6 +57,8 @@ def add_quantize_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def linear_prefixes(config: ModelConfig) -> list[str]:
+    if config.architecture in MOE_ARCHITECTURES:
+        return quantizable_linears(config)
     return [f"model.layers.{i}.{name}" for i in range(config.num_layers) for name in LINEAR_NAMES]
 
 
@@ -67,6 +70,9 @@ def quantize_checkpoint(src: Path, dst: Path, scheme: QuantScheme, fmt: str | No
     if method == "gptq" and calibration_text is None:
         raise ConfigError("--method gptq needs --calibration TEXT_FILE: it minimises the error on real inputs")
     config = ModelConfig.from_dir(src)
+    if calibration_text is not None and config.architecture in MOE_ARCHITECTURES:
+        raise ConfigError("calibration (--calibration, --method gptq) is not supported for mixture-of-experts models; "
+                          "quantize them with round to nearest")
     if config.quantization_config is not None:
         raise ConfigError(f"{src} is already quantized ({config.quantization_config.get('quant_method')}); "
                           "quantize an unquantized checkpoint")
@@ -140,7 +146,8 @@ def quantize_checkpoint(src: Path, dst: Path, scheme: QuantScheme, fmt: str | No
     bar.close()
 
     raw = dict(config.raw)
-    raw["quantization_config"] = quantization_config(scheme, fmt, list(ignore))
+    moe_routers = [router_ignore(config)] if config.architecture in MOE_ARCHITECTURES else []
+    raw["quantization_config"] = quantization_config(scheme, fmt, list(ignore) + moe_routers)
     (dst / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
     for path in src.iterdir():
         if path.is_file() and path.suffix != ".safetensors" and path.name not in _NOT_COPIED:

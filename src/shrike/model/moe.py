@@ -1,0 +1,190 @@
+"""Mixture-of-experts decoders: Qwen3-MoE (top-k softmax routing, optional norm_topk_prob, q/k norm) and
+Mixtral (top-2 softmax routing, renormalised). Attention is the Llama family's; the feed-forward block is a
+router (a dense linear, never quantized) and the `moe` op, which groups the step's rows by expert and runs each
+active expert's linears over only its rows (shrike.ops.moe_reference, csrc/moe/).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from shrike.errors import ConfigError
+from shrike.layers.attention import KVCache
+from shrike.layers.norm import RMSNorm
+from shrike.model.config import ModelConfig
+from shrike.model.llama import CausalLM, LinearFactory
+from shrike.model.weights import CheckpointTensors
+from shrike.weight_formats import ExpertWeights
+
+MOE_ARCHITECTURES = ("Qwen3MoeForCausalLM", "MixtralForCausalLM")
+
+
+@dataclasses.dataclass(frozen=True)
+class MoeSettings:
+    num_experts: int
+    top_k: int
+    intermediate: int  # of each expert
+    normalize: bool  # renormalise the chosen experts' probabilities to sum to 1
+    sparse_layers: tuple[bool, ...]  # per layer: a MoE block (else Qwen3-MoE's dense MLP of intermediate_size)
+    block: str  # checkpoint name of the block under model.layers.{i}
+    expert_names: tuple[str, str, str]  # gate, up, down projection names under experts.{e}
+
+    @classmethod
+    def of(cls, c: ModelConfig) -> "MoeSettings":
+        raw = c.raw
+        activation = raw.get("hidden_act", "silu")
+        if activation != "silu":
+            raise ConfigError(f"{c.architecture} with hidden_act {activation!r} is not supported; supported: silu")
+        if raw.get("sliding_window") and raw.get("use_sliding_window", c.architecture == "MixtralForCausalLM"):
+            raise ConfigError(f"{c.architecture} with sliding-window attention is not supported; "
+                              "set sliding_window to null in config.json")
+        num_experts = raw.get("num_experts") or raw.get("num_local_experts")
+        top_k = raw.get("num_experts_per_tok")
+        if not num_experts or not top_k or not 1 <= top_k <= num_experts:
+            raise ConfigError(f"{c.architecture} needs num_experts (or num_local_experts) and num_experts_per_tok "
+                              "between 1 and it in config.json")
+        if c.architecture == "MixtralForCausalLM":
+            return cls(num_experts, top_k, c.intermediate_size, True, (True,) * c.num_layers, "block_sparse_moe",
+                       ("w1", "w3", "w2"))
+        step, dense = int(raw.get("decoder_sparse_step", 1)), set(raw.get("mlp_only_layers") or [])
+        sparse = tuple(i not in dense and (i + 1) % step == 0 for i in range(c.num_layers))
+        return cls(num_experts, top_k, int(raw.get("moe_intermediate_size") or c.intermediate_size),
+                   bool(raw.get("norm_topk_prob", False)), sparse, "mlp", ("gate_proj", "up_proj", "down_proj"))
+
+
+class SparseMoeBlock:
+    """Router, then the experts: x (T, hidden) -> (T, hidden)."""
+
+    def __init__(self, c: ModelConfig, s: MoeSettings, tensors: CheckpointTensors, prefix: str, dtype: torch.dtype,
+                 make_linear: LinearFactory, ops):
+        from shrike.layers.linear import DenseLinear
+
+        # The router stays dense: its logits pick experts, and a quantized router would change the choice.
+        router = tensors.get(f"{prefix}.gate.weight", (s.num_experts, c.hidden_size), dtype)
+        self.router = DenseLinear(router, None, ops.dense_linear)
+        gate, up, down = s.expert_names
+        gate_up, down_layers = [], []
+        for e in range(s.num_experts):
+            p = f"{prefix}.experts.{e}"
+            gate_up.append(make_linear(tensors, [f"{p}.{gate}", f"{p}.{up}"], c.hidden_size,
+                                       [s.intermediate, s.intermediate], False))
+            down_layers.append(make_linear(tensors, [f"{p}.{down}"], s.intermediate, [c.hidden_size], False))
+        formats = {layer.op_name for layer in gate_up + down_layers}
+        if len(formats) != 1:
+            raise ConfigError(f"the experts of {prefix} are not all in one weight format ({', '.join(sorted(formats))}); "
+                              "quantize every expert alike")
+        self.experts = ExpertWeights(formats.pop(), [layer.weight for layer in gate_up],
+                                     [layer.weight for layer in down_layers], s.intermediate)
+        self.top_k, self.normalize, self.hidden = s.top_k, s.normalize, c.hidden_size
+
+    def __call__(self, step, x, rows):
+        logits = step.empty(rows, len(self.experts.down), dtype=torch.float32)  # (T, experts) router logits
+        step.ops.dense_linear(x, self.router.weight, None, logits)
+        out = step.empty(rows, self.hidden, dtype=x.dtype)  # (T, hidden)
+        step.ops.moe(x, logits, self.experts, out, self.top_k, self.normalize)
+        return out
+
+
+class DenseMlp:
+    """Qwen3-MoE's dense layers (mlp_only_layers, decoder_sparse_step): gate_up, silu * up, down."""
+
+    def __init__(self, c: ModelConfig, tensors: CheckpointTensors, prefix: str, make_linear: LinearFactory):
+        self.gate_up = make_linear(tensors, [f"{prefix}.gate_proj", f"{prefix}.up_proj"], c.hidden_size,
+                                   [c.intermediate_size, c.intermediate_size], False)
+        self.down = make_linear(tensors, [f"{prefix}.down_proj"], c.intermediate_size, [c.hidden_size], False)
+        self.intermediate = c.intermediate_size
+
+    def __call__(self, step, x, rows):
+        gate_up = self.gate_up(step, x, rows)  # (T, 2 * intermediate)
+        act = step.empty(rows, self.intermediate, dtype=gate_up.dtype)
+        step.ops.silu_mul(gate_up, act)
+        return self.down(step, act, rows)
+
+
+class MoeDecoderLayer:
+    def __init__(self, c: ModelConfig, s: MoeSettings, tensors: CheckpointTensors, index: int, dtype: torch.dtype,
+                 make_linear: LinearFactory, ops):
+        def norm(name: str, dim: int) -> RMSNorm:
+            return RMSNorm(tensors.get(name, (dim,), dtype), c.rms_norm_eps)
+
+        p = f"model.layers.{index}"
+        self.config = c
+        self.q_size, self.kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        self.input_norm = norm(f"{p}.input_layernorm.weight", c.hidden_size)
+        self.post_attention_norm = norm(f"{p}.post_attention_layernorm.weight", c.hidden_size)
+        attn = f"{p}.self_attn"
+        self.qkv_proj = make_linear(tensors, [f"{attn}.q_proj", f"{attn}.k_proj", f"{attn}.v_proj"], c.hidden_size,
+                                    [self.q_size, self.kv_size, self.kv_size], c.attention_bias)
+        self.o_proj = make_linear(tensors, [f"{attn}.o_proj"], self.q_size, [c.hidden_size], False)
+        if c.qk_norm:
+            self.q_norm = norm(f"{attn}.q_norm.weight", c.head_dim)
+            self.k_norm = norm(f"{attn}.k_norm.weight", c.head_dim)
+        self.mlp = SparseMoeBlock(c, s, tensors, f"{p}.{s.block}", dtype, make_linear, ops) if s.sparse_layers[index] \
+            else DenseMlp(c, tensors, f"{p}.mlp", make_linear)
+        self.scale = c.head_dim ** -0.5
+
+    def __call__(self, step, delta, residual, cos, sin, cache: KVCache):
+        """As shrike.model.llama.DecoderLayer: residual (T, hidden) updated in place with `delta` first;
+        returns this layer's output, not yet added."""
+        c, ops, T = self.config, step.ops, step.tokens
+        x = self.input_norm(step, residual, T) if delta is None else self.input_norm.add_and_norm(step, delta, residual, T)
+        qkv = self.qkv_proj(step, x, T)  # (T, q_size + 2 * kv_size)
+        if c.qk_norm:
+            normed = step.empty(T, self.q_size + 2 * self.kv_size, dtype=qkv.dtype)
+            ops.head_rmsnorm(qkv, self.q_norm.weight, self.k_norm.weight, normed, c.num_heads, c.num_kv_heads,
+                             c.rms_norm_eps)
+            qkv = normed
+        q = step.empty(T, c.num_heads, c.head_dim, dtype=qkv.dtype)
+        ops.rope_write_kv(qkv, cos, sin, step.slot_mapping, q, cache.key, cache.value)
+        out = step.empty(T, c.num_heads, c.head_dim, dtype=qkv.dtype)
+        ops.paged_attention(q, cache.key, cache.value, *step.attention, step.block_size, self.scale, out)
+        attn = self.o_proj(step, out.view(T, self.q_size), T)
+        return self.mlp(step, self.post_attention_norm.add_and_norm(step, attn, residual, T), T)
+
+
+class MoeCausalLM(CausalLM):
+    """The Llama family's embedding, final norm, lm_head and forward over MoE decoder layers."""
+
+    def __init__(self, config: ModelConfig, tensors: CheckpointTensors, dtype: torch.dtype,
+                 make_linear: LinearFactory | None = None, max_positions: int | None = None, progress=None, ops=None):
+        from shrike.model.llama import dense_linear_factory
+        from shrike.ops import builtin_op_table
+
+        c = dataclasses.replace(config, qk_norm=config.architecture == "Qwen3MoeForCausalLM")
+        settings = MoeSettings.of(c)
+        ops = ops or builtin_op_table()
+        # CausalLM builds everything but the layers (none with num_layers 0); the layers are built here.
+        super().__init__(dataclasses.replace(c, num_layers=0), tensors, dtype, make_linear, max_positions, None, ops)
+        self.config, self.moe = c, settings
+        make_linear = make_linear or dense_linear_factory(dtype, ops)
+        for i in range(c.num_layers):
+            self.layers.append(MoeDecoderLayer(c, settings, tensors, i, dtype, make_linear, ops))
+            if progress:
+                progress(i + 1)
+
+
+def quantizable_linears(config: ModelConfig) -> list[str]:
+    """Prefixes of every linear a quantizer targets: attention, each expert's projections and Qwen3-MoE's dense
+    MLPs; never the routers (they are what compressed-tensors' `ignore` lists as `router_ignore`)."""
+    s = MoeSettings.of(config)
+    attention = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj")
+    prefixes = []
+    for i, sparse in enumerate(s.sparse_layers):
+        p = f"model.layers.{i}"
+        prefixes += [f"{p}.{name}" for name in attention]
+        if sparse:
+            prefixes += [f"{p}.{s.block}.experts.{e}.{name}" for e in range(s.num_experts) for name in s.expert_names]
+        else:
+            prefixes += [f"{p}.mlp.{name}" for name in ("gate_proj", "up_proj", "down_proj")]
+    return prefixes
+
+
+def router_ignore(config: ModelConfig) -> str:
+    """The compressed-tensors `ignore` entry that keeps the routers dense (as llm-compressor writes it)."""
+    return f"re:.*{MoeSettings.of(config).block}.gate$"
+
+
+def register_architectures(registry) -> None:
+    for name in MOE_ARCHITECTURES:
+        registry.register_architecture(name, MoeCausalLM)
