@@ -209,7 +209,7 @@ def _closed(schema: dict) -> dict:
 
 
 def test_tool_arguments_never_carry_undeclared_keys(backend_client):
-    for seed in range(2):
+    for seed in (0, 8):  # n=8 samples each: seeds 0-7 and 8-15
         # One call per answer: a list of parallel calls has no bound, which a model at temperature 1 runs into.
         response = backend_client.chat.completions.create(
             model=SERVED_NAME, messages=[{"role": "user", "content": "What time is it, and the weather in Rome?"}],
@@ -231,7 +231,7 @@ class Person(BaseModel):
 def test_json_schema_outputs_never_carry_undeclared_keys(backend_client):
     schema = Person.model_json_schema()  # no additionalProperties, as pydantic writes it
     assert "additionalProperties" not in schema
-    for seed in range(2):
+    for seed in (0,):  # n=8 samples: seeds 0-7
         response = backend_client.chat.completions.create(
             model=SERVED_NAME, messages=[{"role": "user", "content": "Describe a person."}], temperature=1.0,
             seed=seed, n=8, max_tokens=80,
