@@ -14,6 +14,7 @@ from typing import Any
 from shrike.engine.config import EngineConfig, add_engine_arguments, engine_config_from_args
 from shrike.errors import ConfigError
 from shrike.layers.kv_dtypes import KV_ELEMENTS
+from shrike.model.footprint import Footprint, footprint
 from shrike.platform.cpulist import format_cpu_list
 from shrike.platform.memory import GIB, MemoryInfo, plan_kv_cache, read_memory
 from shrike.platform.topology import Topology, read_topology, resolve_binding
@@ -67,6 +68,15 @@ def _memory_section(memory: MemoryInfo) -> dict[str, Any]:
     }
 
 
+def _parameters(model_dir: Path, config: dict) -> dict[str, int] | None:
+    """Total and active parameters and bytes per token, or None when the checkpoint cannot tell them (the cache
+    can still be planned from the attention shape and the file sizes)."""
+    try:
+        return footprint(model_dir, config).__dict__
+    except (KeyError, ValueError, OSError):
+        return None
+
+
 def _model_shape(model_dir: Path) -> dict[str, Any]:
     config_path = model_dir / "config.json"
     try:
@@ -81,6 +91,7 @@ def _model_shape(model_dir: Path) -> dict[str, Any]:
             # By default the cache is kept in the compute dtype, which is bfloat16 for 16-bit checkpoints.
             "kv_dtype": "bfloat16" if dtype in ("bfloat16", "float16") else "float32",
             "weight_bytes": sum(path.stat().st_size for path in model_dir.glob("*.safetensors")),
+            "parameters": _parameters(model_dir, config),
         }
     except (OSError, ValueError) as error:
         raise ConfigError(f"cannot read {config_path}: {error}") from None
@@ -268,6 +279,7 @@ def _format_kv(kv: dict) -> list[str]:
         f"KV cache      {kv['model']}",
         f"  {kv['num_layers']} layers x {kv['num_kv_heads']} KV heads x {kv['head_dim']} ({kv['kv_dtype']}), "
         f"weights {_gib(kv['weight_bytes'])}, max-model-len {kv['max_model_len']}",
+        *([f"  {Footprint(**kv['parameters']).describe()}"] if kv.get("parameters") else []),
         f"  {plan['bytes_per_token']} bytes/token; {plan['num_blocks']} blocks of {plan['block_size']} = "
         f"{plan['capacity_tokens']} tokens ({_gib(plan['cache_bytes'])}); "
         f"{plan['max_concurrent_full_sequences']} full-length sequences at once",
