@@ -18,6 +18,7 @@ from shrike.eval_ppl import scoring_bos, sequence_logits
 from shrike.layers.linear import DenseLinear
 from shrike.model.config import ModelConfig
 from shrike.model.weights import CheckpointTensors
+from shrike.ops import builtin_op_table
 from shrike.plugins import build_registry
 from shrike.tokenizer import Tokenizer
 
@@ -58,14 +59,17 @@ def input_statistics(model_dir: Path, text: str, gram: bool = False) -> dict[str
     config = ModelConfig.from_dir(model_dir)
     stats: dict[str, InputStatistics] = {}
 
+    ops = builtin_op_table()
+
     def recording_linear(tensors, prefixes, in_features, out_features, bias):
-        layer = _RecordingLinear.load(tensors, prefixes, in_features, out_features, bias, torch.float32)
+        layer = _RecordingLinear.load(tensors, prefixes, in_features, out_features, bias, torch.float32,
+                                      ops.dense_linear)
         layer.seen = stats[prefixes[0]] = InputStatistics(torch.zeros(in_features), torch.zeros(in_features),
                                                           torch.zeros(in_features, in_features) if gram else None)
         return layer
 
     architecture = build_registry().architecture(config.architecture).target
-    model = architecture(config, CheckpointTensors(model_dir), torch.float32, make_linear=recording_linear)
+    model = architecture(config, CheckpointTensors(model_dir), torch.float32, make_linear=recording_linear, ops=ops)
     tokenizer = Tokenizer(model_dir)
     ids = tokenizer.encode(text, add_special_tokens=False)
     if len(ids) < 2:
