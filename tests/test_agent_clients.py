@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import httpx
 import jsonschema
 import openai
 import pytest
@@ -325,3 +326,13 @@ def test_stop_reason_and_include_stop_str_in_output(client):
     assert (last.finish_reason, last.model_extra["stop_reason"]) == ("stop", "Paris")
     unstopped = client.completions.create(**{**kwargs, "stop": None, "max_tokens": 3}).choices[0]
     assert unstopped.finish_reason == "length" and unstopped.model_extra["stop_reason"] is None
+
+
+def test_logit_bias(client, server):
+    paris = httpx.post(f"{server.base_url}/tokenize", json={"prompt": " Paris", "add_special_tokens": False}).json()
+    kwargs = dict(model=SERVED_NAME, prompt="The capital of France is", temperature=0, max_tokens=3)
+    assert client.completions.create(**kwargs).choices[0].text.startswith(" Paris")
+    banned = client.completions.create(**kwargs, logit_bias={str(paris["tokens"][0]): -100}).choices[0].text
+    assert not banned.startswith(" Paris")
+    with pytest.raises(openai.BadRequestError, match=r"token ids in \[0, 49152\)"):
+        client.completions.create(**kwargs, logit_bias={"49152": 1})

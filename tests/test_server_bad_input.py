@@ -82,7 +82,7 @@ CASES = [
      "response_format", "json_schema.schema"),
     ("response_format invalid schema", CHAT, chat(response_format={"type": "json_schema", "json_schema": {
         "name": "x", "schema": {"type": "objekt"}}}), 400, "response_format", "objekt"),
-    ("logit_bias", CHAT, chat(logit_bias={"50256": -100}), 400, "logit_bias", "not supported"),
+    ("logit_bias", CHAT, chat(logit_bias={"50256": -100}), 400, "logit_bias", "token ids in [0, 49152)"),
     ("min_tokens above max_tokens", COMPLETIONS, completion(min_tokens=5), 400, "min_tokens", "must not exceed"),
     ("presence_penalty out of range", CHAT, chat(presence_penalty=3), 400, "presence_penalty", "[-2, 2]"),
     ("seed beyond 64 bits", CHAT, chat(seed=2**70), 400, "seed", "less than or equal"),

@@ -19,6 +19,7 @@ from shrike.server.context import RESERVED_TEMPLATE_ARGUMENTS
 from shrike.server.middleware import MAX_BODY_BYTES, OPEN_PATHS, OPEN_PREFIXES
 from shrike.server.protocol import SEED_RANGE
 from shrike.server.responses_schema import refine_responses_request
+from shrike.server.sampling import token_id_pattern
 
 ERROR_SCHEMA = {
     "type": "object", "required": ["error"], "additionalProperties": False,
@@ -204,8 +205,8 @@ def _refine_requests(schemas: dict, vocab_size: int, tokenizer_vocab_size: int, 
         set_field(name, "seed", {"type": "integer", "minimum": SEED_RANGE[0], "maximum": SEED_RANGE[1]})
         set_field(name, "stop", {"type": "string", "minLength": 1},
                   {"type": "array", "items": {"type": "string", "minLength": 1}})
-        set_field(name, "logit_bias", {"type": "object", "maxProperties": 0,
-                                       "description": "Not supported: only an empty object is accepted."})
+        set_field(name, "logit_bias", {"type": "object", "propertyNames": {"pattern": token_id_pattern(vocab_size)},
+                                       "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}})
         set_field(name, "stop_token_ids", {"type": "array", "items": token_id})
 
     completion = schemas["CompletionRequest"]

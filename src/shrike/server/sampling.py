@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,12 +49,35 @@ class SamplingDefaults:
                 + (f" max_tokens={self.max_tokens}" if self.max_tokens is not None else ""))
 
 
+def token_id_pattern(vocab_size: int) -> str:
+    """A regex of the decimal token ids in [0, vocab_size), written without leading zeros (logit_bias keys)."""
+    digits = str(vocab_size - 1)
+    alternatives = ["0"] + ([f"[1-9][0-9]{{0,{len(digits) - 2}}}"] if len(digits) > 1 else [])
+    for i, digit in enumerate(int(d) for d in digits):  # same length, smaller at position i
+        lowest = 1 if i == 0 else 0
+        if digit > lowest:
+            alternatives.append(f"{digits[:i]}[{lowest}-{digit - 1}][0-9]{{{len(digits) - i - 1}}}")
+    return "^(" + "|".join([*alternatives, digits]) + ")$"
+
+
+def _logit_bias(bias: dict[str, float] | None, vocab_size: int) -> dict[int, float] | None:
+    """OpenAI's {"token id": bias in [-100, 100]}."""
+    if not bias:
+        return None
+    pattern = re.compile(token_id_pattern(vocab_size))
+    for key, value in bias.items():
+        if not pattern.fullmatch(key):
+            raise bad_request(f"logit_bias keys must be token ids in [0, {vocab_size}) written in decimal, got "
+                              f"{key[:20]!r}", "logit_bias")
+        if not -100 <= value <= 100:
+            raise bad_request(f"logit_bias values must be in [-100, 100], got {value}", "logit_bias")
+    return {int(key): float(value) for key, value in bias.items()}
+
+
 def build_sampling_params(request: SamplingRequest, defaults: SamplingDefaults, max_tokens: int | None,
                           default_max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None,
                           max_n: int, vocab_size: int) -> SamplingParams:
     """Raise APIError (400) naming the field for anything the engine would refuse."""
-    if request.logit_bias:
-        raise bad_request("logit_bias is not supported by this server; leave it out", "logit_bias")
     if request.n > max_n:
         raise bad_request(f"n must be at most {max_n} (the server's --max-num-seqs), got {request.n}", "n")
     stop_token_ids = request.stop_token_ids or []
@@ -79,6 +103,7 @@ def build_sampling_params(request: SamplingRequest, defaults: SamplingDefaults, 
             presence_penalty=request.presence_penalty, frequency_penalty=request.frequency_penalty,
             stop=stop, stop_token_ids=stop_token_ids, ignore_eos=request.ignore_eos, logprobs=logprobs,
             prompt_logprobs=prompt_logprobs, skip_special_tokens=request.skip_special_tokens, n=request.n,
-            include_stop_str_in_output=request.include_stop_str_in_output)
+            include_stop_str_in_output=request.include_stop_str_in_output,
+            logit_bias=_logit_bias(request.logit_bias, vocab_size))
     except ValueError as e:
         raise bad_request(str(e), param_of(str(e), set(type(request).model_fields))) from None
