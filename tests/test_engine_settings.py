@@ -38,6 +38,8 @@ GOOD = {
     "activation_quant": ("int8", "int8"),
     "speculative_config": ('{"method": "ngram", "num_speculative_tokens": 2}',
                            SpeculativeConfig("ngram", 2, prompt_lookup_min=5, prompt_lookup_max=5)),
+    "runner": ("pooling", "pooling"),
+    "task": ("embed", "embed"),
 }
 # name -> a value each front end must refuse (a boolean flag has no wrong value on a command line).
 BAD = {
@@ -45,6 +47,7 @@ BAD = {
     "kv_cache_space": "0", "kv_cache_dtype": "fp8", "chat_template": "no/such/template.jinja",
     "cpu_threads": "0", "cpu_bind": "0-x", "kernel_backend": "cuda", "lm_head_quant": "int4",
     "activation_quant": "fp8", "speculative_config": '{"method": "eagle", "num_speculative_tokens": 2}',
+    "runner": "encode", "task": "classify",
 }
 
 

@@ -5,9 +5,10 @@
 
 __version__ = "0.1.0"
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob"]
+__all__ = ["LLM", "SamplingParams", "PoolingParams", "RequestOutput", "CompletionOutput", "Logprob"]
 
-_LAZY = {"LLM": "shrike.llm", "SamplingParams": "shrike.sampling.params", "RequestOutput": "shrike.outputs",
+_LAZY = {"LLM": "shrike.llm", "SamplingParams": "shrike.sampling.params", "PoolingParams": "shrike.engine.pooling",
+         "RequestOutput": "shrike.outputs",
          "CompletionOutput": "shrike.outputs", "Logprob": "shrike.outputs"}
 
 

@@ -11,7 +11,9 @@ from typing import Any, Union
 
 from shrike.engine.config import EngineConfig
 from shrike.engine.llm_engine import LLMEngine, RequestOutput as EngineOutput
-from shrike.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
+from shrike.engine.pooling import PoolingParams
+from shrike.outputs import (CompletionOutput, EmbeddingOutput, EmbeddingRequestOutput, Logprob, PositionLogprobs,
+                            RequestOutput)
 from shrike.sampling.params import SamplingParams
 from shrike.sampling.sampler import TokenLogprobs
 from shrike.token_bytes import TokenBytes
@@ -63,6 +65,16 @@ class LLM:
                  use_tqdm: bool = True) -> list[RequestOutput]:
         """Complete each prompt; one output per prompt, in order."""
         return self._run(_as_prompt_list(prompts), sampling_params, use_tqdm, self._encode_prompt)
+
+    def embed(self, prompts: PromptType | Sequence[PromptType],
+              pooling_params: PoolingParams | Sequence[PoolingParams] | None = None) -> list[EmbeddingRequestOutput]:
+        """One embedding per prompt, in order, computed batched (needs an embedding model: runner="pooling")."""
+        items = _as_prompt_list(prompts)
+        ids = [self._encode_prompt(prompt)[1] for prompt in items]
+        params = pooling_params if pooling_params is not None else PoolingParams()
+        vectors = self.llm_engine.embed(ids, list(params) if isinstance(params, Sequence) else params)
+        return [EmbeddingRequestOutput(f"embed-{i}", prompt_ids, EmbeddingOutput(vector))
+                for i, (prompt_ids, vector) in enumerate(zip(ids, vectors))]
 
     def chat(self, messages: list[Message] | list[list[Message]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, use_tqdm: bool = True,

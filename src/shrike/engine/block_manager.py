@@ -56,6 +56,8 @@ class BlockManager:
             return
         if seq.params.prompt_logprobs is not None:
             return  # the cached blocks' logits are gone, and these tokens need them
+        if seq.pooling is not None and seq.pooling.pooler.modes != ("last",):
+            return  # pooling reads these tokens' hidden states, which the cache does not keep
         bs = self.block_size
         usable = (seq.num_tokens - 1) // bs
         self.prefix_queries += usable * bs

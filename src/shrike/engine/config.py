@@ -18,6 +18,7 @@ from typing import Any
 from shrike.errors import ConfigError
 from shrike.layers.kv_dtypes import KV_CACHE_DTYPES
 from shrike.layers.lm_head import LM_HEAD_QUANT
+from shrike.engine.pooling import RUNNERS, TASKS
 from shrike.platform.cpulist import parse_cpu_list
 from shrike.quantization.backends import ACTIVATION_QUANT, KERNEL_BACKENDS
 from shrike.speculative.config import SpeculativeConfig, parse_speculative_config
@@ -166,6 +167,13 @@ class EngineConfig:
         "\"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2}' proposes continuations of earlier text, "
         "'{\"model\": DIR, \"num_speculative_tokens\": 4}' drafts with a smaller model sharing the tokenizer "
         "(exact: outputs equal those without it) (default: off)", _speculative, metavar="JSON")
+    runner: str = _setting(
+        "auto", "generate: text generation; pooling: an embedding model (/v1/embeddings, LLM.embed), pooled as its "
+        "sentence-transformers modules.json says or else from the last token, normalized (default auto: pooling "
+        "when the model directory has a modules.json)", None, choices=RUNNERS)
+    task: str = _setting(
+        "auto", "vLLM's older name for --runner: embed is --runner pooling, generate is --runner generate", None,
+        choices=TASKS)
     progress: bool = _setting(True, "show load progress bars", _on_off, is_flag=False)
     compiled_forward: bool = _setting(
         True, "False: always the eager Python forward (the reference path)", _on_off, is_flag=False)

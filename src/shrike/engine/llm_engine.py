@@ -1,6 +1,7 @@
 """The engine: requests in, incremental outputs out, one scheduled model step at a time."""
 from __future__ import annotations
 
+import inspect
 import itertools
 import time
 from dataclasses import dataclass, field
@@ -8,9 +9,11 @@ from dataclasses import dataclass, field
 from shrike.engine.block_manager import BlockManager
 from shrike.engine.config import EngineConfig
 from shrike.engine.model_runner import ModelRunner
+from shrike.engine.pooling import PoolingParams, PoolingState, load_pooler, resolve_runner, runner_asked
 from shrike.engine.scheduler import Scheduler
 from shrike.engine.sequence import Sequence
 from shrike.engine.stop import StopStringFilter
+from shrike.errors import ConfigError
 from shrike.layers.kv_dtypes import resolve_kv_cache_dtype
 from shrike.model.loader import LoadedModel, load_model
 from shrike.platform.binding import bind_compute_threads
@@ -43,13 +46,14 @@ class RequestOutput:
     num_output_tokens: int  # over all sequences so far
     prompt_logprobs: list[TokenLogprobs | None] | None = None  # with the first output only
     first_token_time: float | None = None
+    embedding: list[float] | None = None  # a pooled request's vector, with its finished output
 
 
 @dataclass
 class _Request:
     request_id: str
     prompt_ids: list[int]
-    params: SamplingParams
+    params: SamplingParams | PoolingParams
     seqs: list[Sequence]
     decoders: list[IncrementalDecoder]
     stop_filters: list[StopStringFilter]
@@ -64,6 +68,7 @@ class LLMEngine:
         self.config = config
         # Checked before anything loads: a wrong config is a one-line error, not a slow start and then one.
         spec_config = parse_speculative_config(config.speculative_config)
+        asked_runner = runner_asked(config.runner, config.task)
         self.cores = bind_compute_threads(config.cpu_threads, config.cpu_bind)
         loaded: LoadedModel = load_model(config.model, config.dtype, config.max_model_len, config.chat_template,
                                          progress=config.progress, kernel_backend=config.kernel_backend,
@@ -73,6 +78,18 @@ class LLMEngine:
         self.tokenizer = loaded.tokenizer
         self.dtype = loaded.dtype
         self.model_dir = loaded.model_dir
+        # pooling: the model computes embeddings (LLM.embed, /v1/embeddings) and generates nothing, as in vLLM.
+        self.runner_kind = resolve_runner(asked_runner, loaded.model_dir)
+        self.pooler = None
+        if self.runner_kind == "pooling":
+            if "output" not in inspect.signature(loaded.model.forward).parameters:
+                raise ConfigError(f"{type(loaded.model).__name__} cannot run as an embedding model (--runner pooling): "
+                                  "its forward has no hidden-state output")
+            if spec_config is not None:
+                raise ConfigError("--speculative-config speeds up generation; an embedding model (--runner pooling) "
+                                  "generates nothing, so leave it out")
+            self.pooler = load_pooler(loaded.model_dir)
+            self.embedding_size = loaded.config.hidden_size * len(self.pooler.modes)
         self.max_model_len = loaded.max_model_len
         self.kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype)
         self.kv_plan = loaded.plan_kv_cache(config.kv_cache_space, config.block_size, config.max_num_seqs,
@@ -83,7 +100,8 @@ class LLMEngine:
                                    self.max_model_len, self.eos_ids)
         self.runner = ModelRunner(loaded.model, self.kv_plan.num_blocks, config.block_size, self.kv_dtype,
                                   config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len,
-                                  compile=config.compiled_forward)
+                                  compile=config.compiled_forward,
+                                  output="hidden" if self.pooler is not None else "logits")
         self.speculator = None
         if spec_config is not None:
             draft = None
@@ -98,10 +116,13 @@ class LLMEngine:
 
     # Requests -------------------------------------------------------------------------
 
-    def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
+    def check_request(self, prompt_ids: list[int], params: SamplingParams | PoolingParams) -> None:
         """Raise ValueError (a client error) when the request can never be served."""
         if not prompt_ids:
             raise ValueError("the prompt is empty")
+        if isinstance(params, PoolingParams) or self.pooler is not None:
+            self._check_pooling_request(prompt_ids, params)
+            return
         if len(prompt_ids) >= self.max_model_len:
             raise ValueError(f"the prompt has {len(prompt_ids)} tokens but the maximum context length is "
                              f"{self.max_model_len} tokens (prompt plus output); shorten the prompt")
@@ -113,10 +134,37 @@ class LLMEngine:
         if any(not 0 <= t < vocab for t in prompt_ids):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
 
-    def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
+    def _check_pooling_request(self, prompt_ids: list[int], params: SamplingParams | PoolingParams) -> None:
+        if self.pooler is None:
+            raise ValueError("this server runs the model for generation; embeddings need it started as an embedding "
+                             "model (--runner pooling, or --task embed)")
+        if not isinstance(params, PoolingParams):
+            raise ValueError("this model runs as an embedding model (--runner pooling): it computes embeddings "
+                             "(/v1/embeddings, LLM.embed) and generates no text")
+        if len(prompt_ids) > self.max_model_len:
+            raise ValueError(f"the prompt has {len(prompt_ids)} tokens but the maximum context length is "
+                             f"{self.max_model_len} tokens; shorten the prompt")
+        if params.dimensions is not None and params.dimensions != self.embedding_size:
+            if not self.pooler.matryoshka:
+                raise ValueError(f"dimensions {params.dimensions} cannot be served: this model's embeddings have "
+                                 f"{self.embedding_size} dimensions and it is not a Matryoshka model (config.json "
+                                 "has no is_matryoshka), so they cannot be shortened; leave dimensions out")
+            if params.dimensions > self.embedding_size:
+                raise ValueError(f"dimensions must be at most {self.embedding_size}, this model's embedding size")
+        vocab = self.model_config.vocab_size
+        if any(not 0 <= t < vocab for t in prompt_ids):
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+
+    def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams | PoolingParams) -> None:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         self.check_request(prompt_ids, params)
+        if isinstance(params, PoolingParams):
+            seq = Sequence(request_id, 0, prompt_ids, SamplingParams(max_tokens=None), self.eos_ids)
+            seq.pooling = PoolingState(self.pooler, params)
+            self.requests[request_id] = _Request(request_id, list(prompt_ids), params, [seq], [], [], [0])
+            self.scheduler.add(seq)
+            return
         seqs = [Sequence(request_id, i, prompt_ids, params, self.eos_ids) for i in range(params.n)]
         self.requests[request_id] = _Request(
             request_id, list(prompt_ids), params, seqs,
@@ -154,6 +202,11 @@ class LLMEngine:
         now = time.monotonic()
         if request.first_token_time is None:
             request.first_token_time = now
+        if isinstance(request.params, PoolingParams):  # finished: its one sequence has pooled the whole prompt
+            del self.requests[request.request_id]
+            return RequestOutput(request.request_id, [CompletionDelta(0, [], "", [], "stop")], True,
+                                 len(request.prompt_ids), 0, first_token_time=now,
+                                 embedding=request.seqs[0].pooling.vector())
         deltas = []
         for seq, reason, num_new in seqs:
             tokens = seq.output_ids[len(seq.output_ids) - num_new:]
@@ -216,6 +269,20 @@ class LLMEngine:
                 if out.prompt_logprobs is not None:
                     results[out.request_id][0].prompt_logprobs = out.prompt_logprobs
         return [results[rid] for rid in ids]
+
+    def embed(self, prompts: list[list[int]], params: PoolingParams | list[PoolingParams]) -> list[list[float]]:
+        """Pool prompts together (batched like generation) -> one embedding per prompt, in order."""
+        params_list = params if isinstance(params, list) else [params] * len(prompts)
+        ids = [f"offline-{next(_offline_ids)}" for _ in prompts]
+        for prompt, p in zip(prompts, params_list):
+            self.check_request(prompt, p)  # all or none: a bad prompt is refused before any runs
+        for rid, prompt, p in zip(ids, prompts, params_list):
+            self.add_request(rid, prompt, p)
+        vectors: dict[str, list[float]] = {}
+        while any(rid in self.requests for rid in ids):
+            for out in self.step():
+                vectors[out.request_id] = out.embedding
+        return [vectors[rid] for rid in ids]
 
 
 @dataclass

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from shrike.engine.pooling import PooledChunk, pool_chunk
 from shrike.engine.scheduler import ScheduledSequence
 from shrike.engine.sequence import Sequence, SequenceStatus
 from shrike.executor.compile import CompiledTape, StepBuffers
@@ -32,6 +33,7 @@ class SequenceOutput:
     tokens: list[int] = field(default_factory=list)  # new tokens, when the step reached the end of the sequence
     logprobs: list[TokenLogprobs] | None = None  # of each new token, when asked for
     prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)  # for the prompt tokens this step scored
+    pooled: PooledChunk | None = None  # a pooled (embedding) sequence's part of its vector from this step
 
 
 @dataclass
@@ -45,8 +47,11 @@ class _TableRow:
 class ModelRunner:
     def __init__(self, model, num_blocks: int, block_size: int, kv_dtype: torch.dtype,
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 512, max_model_len: int | None = None,
-                 compile: bool = True):
+                 compile: bool = True, output: str = "logits"):
+        """output: "logits" (generation) or "hidden" (the pooling runner: steps yield the final hidden states
+        of the rows pooling reads, and no token is sampled)."""
         c = model.config
+        self.output = output
         self.model = model
         self.block_size = block_size
         self.kv_caches = [KVCache(num_blocks, block_size, c.num_kv_heads, c.head_dim, kv_dtype) for _ in range(c.num_layers)]
@@ -54,7 +59,7 @@ class ModelRunner:
         self.compiled: CompiledTape | None = None
         self.eager_reason = None if compile else "compiled forward turned off"
         if compile:
-            tape = record(model, self.kv_caches, block_size)
+            tape = record(model, self.kv_caches, block_size, output)
             if not any(model.ops.is_builtin(e.op) for e in tape.entries if e.op != "gather_rows"):
                 self.eager_reason = "every op runs its PyTorch reference (--kernel-backend reference or plugins)"
         if self.eager_reason is None:
@@ -72,6 +77,8 @@ class ModelRunner:
     @torch.inference_mode()
     def step(self, batch: list[ScheduledSequence]) -> list[SequenceOutput]:
         """Computes the scheduled tokens -> one output per scheduled sequence, in batch order."""
+        if self.output == "hidden":
+            return self._pool(batch)
         logits_rows: list[int] = []  # token rows whose logits are needed
         samplers: list[tuple[int, int]] = []  # (row in logits, index in batch) of sequences that get a token
         prompt_rows: list[tuple[int, int, int, int]] = []  # (index in batch, first logits row, first position, count)
@@ -125,6 +132,35 @@ class ModelRunner:
                 out = outputs[b]
                 out.tokens, out.logprobs = result.tokens, result.logprobs
                 out.num_computed = batch[b].num_tokens - len(batch[b].draft) + result.num_accepted
+        return outputs
+
+    def _pool(self, batch: list[ScheduledSequence]) -> list[SequenceOutput]:
+        """A pooling step: the hidden states of the rows each sequence's pooling reads, folded per sequence."""
+        rows: list[int] = []
+        reads: list[tuple[int, int, bool, bool]] = []  # (first row in hidden, count, holds row 0, holds the last)
+        row0 = 0
+        for item in batch:
+            seq, n = item.seq, item.num_tokens
+            start, pooler = seq.num_computed_tokens, seq.pooling.pooler
+            first, last = start == 0, start + n == seq.num_tokens
+            begin = len(rows)
+            if pooler.needs_every_row:
+                rows += range(row0, row0 + n)
+            else:
+                rows += [row0] if first and "cls" in pooler.modes else []
+                rows += [row0 + n - 1] if last and "last" in pooler.modes and (n > 1 or not rows[begin:]) else []
+            reads.append((begin, len(rows) - begin, first, last))
+            row0 += n
+        hidden = self._run_compiled(batch, row0, rows) if self.compiled is not None else self._run_eager(batch, rows)
+        outputs = []
+        for item, (begin, count, first, last) in zip(batch, reads):
+            out = SequenceOutput(item.num_tokens)
+            if count:
+                out.pooled = pool_chunk(item.seq.pooling.pooler, hidden[begin:begin + count],
+                                        item.seq.num_computed_tokens, item.num_tokens, first, last)
+            else:
+                out.pooled = PooledChunk(item.seq.num_computed_tokens, item.num_tokens)
+            outputs.append(out)
         return outputs
 
     # Compiled forward -------------------------------------------------------------------------
@@ -204,4 +240,6 @@ class ModelRunner:
             logits_rows=torch.tensor(logits_rows, dtype=torch.int64),
             use_long_rope=torch.tensor(use_long) if use_long else None,
         )
+        if self.output == "hidden":
+            return self.model.forward(step, self.kv_caches, output="hidden")
         return self.model.forward(step, self.kv_caches)

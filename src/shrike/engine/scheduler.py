@@ -140,9 +140,13 @@ class Scheduler:
                 self.speculator.record(seq, len(item.draft), len(out.tokens) - 1)
                 self.block_manager.trim(seq, seq.num_tokens)
             self.block_manager.register_full_blocks(seq)
+            if out.pooled is not None:  # an embedding: done once its whole prompt is pooled
+                seq.pooling.add(out.pooled)
+                if seq.num_computed_tokens == seq.num_tokens:
+                    reason = "stop"
             if reason is not None:
                 self.finish(seq, reason)
-            if num_new:
+            if num_new or (out.pooled is not None and reason is not None):
                 produced.append((seq, reason, num_new))
         return produced
 

@@ -38,6 +38,7 @@ class Sequence:
         if params.seed is not None:
             generator = torch.Generator().manual_seed(params.seed + index)
         self.spec_state = None  # the speculator's per-sequence figures, once it proposes for it
+        self.pooling = None  # an embedding request's shrike.engine.pooling.PoolingState: no tokens are generated
         self.sampling_row = SamplingRow(params, self.token_ids[:self.num_prompt_tokens], [], eos_ids, generator)
 
     @property

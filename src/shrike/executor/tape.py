@@ -55,7 +55,7 @@ class Tape:
     entries: list[TapeEntry] = field(default_factory=list)
     buffers: list[Buffer] = field(default_factory=list)  # by id, as allocated
     ropes: list = field(default_factory=list)  # the RotaryEmbedding of each rope index
-    output: Buffer | None = None  # the (LOGITS, vocab) float32 logits
+    output: Buffer | None = None  # the (LOGITS, vocab) float32 logits, or (LOGITS, hidden) final hidden states
 
     def step_dependent(self, entry: TapeEntry) -> bool:
         """Whether the op reads a step input directly (rather than only through buffers)."""
@@ -114,11 +114,19 @@ class RecordingStep:
         return out
 
 
-def record(model, kv_caches: list, block_size: int) -> Tape:
-    """The op tape of `model`'s forward (model.forward(step, kv_caches) -> logits)."""
+def record(model, kv_caches: list, block_size: int, output: str = "logits") -> Tape:
+    """The op tape of `model`'s forward: model.forward(step, kv_caches) -> logits, or with output="hidden"
+    model.forward(step, kv_caches, output="hidden") -> the final normed hidden states (embeddings)."""
     step = RecordingStep(model.ops, block_size)
-    output = model.forward(step, kv_caches)
-    if not isinstance(output, Buffer) or output.rows != LOGITS or output.dtype != torch.float32:
-        raise TypeError(f"{type(model).__name__}.forward must return the (step.logits, vocab) float32 logits it allocated")
-    step.tape.output = output
+    if output == "logits":
+        result = model.forward(step, kv_caches)
+        if not isinstance(result, Buffer) or result.rows != LOGITS or result.dtype != torch.float32:
+            raise TypeError(f"{type(model).__name__}.forward must return the (step.logits, vocab) float32 logits "
+                            "it allocated")
+    else:
+        result = model.forward(step, kv_caches, output=output)
+        if not isinstance(result, Buffer) or result.rows != LOGITS:
+            raise TypeError(f"{type(model).__name__}.forward(output={output!r}) must return a (step.logits, width) "
+                            "buffer it allocated")
+    step.tape.output = result
     return step.tape

@@ -108,8 +108,9 @@ class Gemma3ForCausalLM:
         local = dataclasses.replace(c, rope_theta=c.rope_local_theta, rope_scaling=None)
         self.local_rotary = RotaryEmbedding(local, positions)
 
-    def forward(self, step, kv_caches: list[KVCache]):
-        """One step (shrike.executor.step) -> (step.logits, vocab) fp32 logits, soft-capped when the config asks."""
+    def forward(self, step, kv_caches: list[KVCache], output: str = "logits"):
+        """One step (shrike.executor.step) -> (step.logits, vocab) fp32 logits, soft-capped when the config asks;
+        output="hidden": the final normed hidden states (step.logits, hidden) instead (embeddings)."""
         c, T = self.config, step.tokens
         residual = step.empty(T, c.hidden_size, dtype=self.dtype)  # (T, hidden)
         step.ops.embedding(step.token_ids, self.embed_tokens, residual, self.embed_scale)
@@ -119,6 +120,8 @@ class Gemma3ForCausalLM:
             cos, sin = local_cos_sin if layer.sliding_window else global_cos_sin
             delta = layer(step, delta, residual, cos, sin, cache)
         hidden = self.norm.add_and_norm(step, step.take_logits_rows(delta), step.take_logits_rows(residual), step.logits)
+        if output == "hidden":
+            return hidden
         logits = self.lm_head(step, hidden)
         if c.final_logit_softcapping:
             step.ops.softcap(logits, c.final_logit_softcapping)

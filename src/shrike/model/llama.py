@@ -115,8 +115,9 @@ class CausalLM:
         self.lm_head = LMHead(weight_for_op(lm_head, ops.dense_linear), c.vocab_size)
         self.rotary = RotaryEmbedding(c, max_positions or c.max_position_embeddings)
 
-    def forward(self, step, kv_caches: list[KVCache]):
-        """One step (shrike.executor.step) -> (step.logits, vocab) fp32 logits of the rows that need them."""
+    def forward(self, step, kv_caches: list[KVCache], output: str = "logits"):
+        """One step (shrike.executor.step) -> (step.logits, vocab) fp32 logits of the rows that need them, or with
+        output="hidden" their final normed hidden states (step.logits, hidden) in the model's dtype (embeddings)."""
         c, T = self.config, step.tokens
         residual = step.empty(T, c.hidden_size, dtype=self.dtype)  # (T, hidden)
         step.ops.embedding(step.token_ids, self.embed_tokens, residual, c.scale_emb)
@@ -125,6 +126,8 @@ class CausalLM:
         for layer, cache in zip(self.layers, kv_caches):
             delta = layer(step, delta, residual, cos, sin, cache)
         hidden = self.norm.add_and_norm(step, step.take_logits_rows(delta), step.take_logits_rows(residual), step.logits)
+        if output == "hidden":
+            return hidden
         if c.logit_divisor != 1.0:
             step.ops.div_scalar(hidden, c.logit_divisor)
         return self.lm_head(step, hidden)

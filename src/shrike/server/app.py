@@ -14,6 +14,7 @@ from shrike.server.chat import create_chat_completion
 from shrike.server.connection import DEFAULT_BODY_TIMEOUT_SECONDS
 from shrike.server.completions import create_completion
 from shrike.server.context import ServerContext
+from shrike.server.embeddings import install_embeddings
 from shrike.server.errors import APIError, install_error_handlers
 from shrike.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from shrike.server.middleware import APIKeyMiddleware, RequestBodyMiddleware, UnreadBodyClosesConnection
@@ -85,6 +86,7 @@ def build_app(ctx: ServerContext, log_stats: bool = True, startup_message: str |
         return next(m for m in (await models())["data"] if m["id"] == model_id)
 
     install_responses(app, ctx)
+    install_embeddings(app, ctx)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:

@@ -125,4 +125,5 @@ def _startup_line(ctx: ServerContext, engine: LLMEngine, host: str, port: int, g
             f"{plan.max_concurrent_full_sequences} full-length sequences), "
             f"max-num-seqs {ctx.max_num_seqs}, queue {ctx.async_engine.capacity - ctx.max_num_seqs}, "
             f"API key {'required' if ctx.api_key else 'off'}, chat page {'at /' if web_ui else 'off'}, "
-            f"sampling defaults ({generation_config}) {ctx.defaults.describe()}")
+            + (f"embedding model (/v1/embeddings), {engine.embedding_size} dimensions, {engine.pooler.describe()}"
+               if engine.pooler is not None else f"sampling defaults ({generation_config}) {ctx.defaults.describe()}"))
