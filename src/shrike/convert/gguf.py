@@ -1,4 +1,4 @@
-"""Convert a GGUF file (llama or gemma3 architecture) into a Hugging Face-style model directory.
+"""Convert a GGUF file (llama, gemma3 or qwen3moe architecture) into a Hugging Face-style model directory.
 
 Every tensor type the `gguf` package dequantizes converts (F32, F16, BF16, Q4_0 .. Q8_0, the
 K-quants Q2_K .. Q6_K, IQ4_NL/IQ4_XS and the other i-quants); the weights are written as bf16.
@@ -19,6 +19,7 @@ from shrike.convert.gemma3_gguf import convert_gemma3_tensors, gemma3_config
 from shrike.convert.gguf_tokenizer import tokenizer_config, tokenizer_json
 from shrike.convert.llama_config import generation_config, llama_config
 from shrike.convert.llama_weights import convert_tensors
+from shrike.convert.qwen3moe_gguf import convert_qwen3moe_tensors, qwen3moe_config
 
 # Part of every cache key: bump it whenever the files convert_gguf writes would change for the same input
 CONVERTER_VERSION = 2
@@ -27,6 +28,7 @@ CONVERTER_VERSION = 2
 ARCHITECTURES = {
     "llama": (llama_config, convert_tensors),
     "gemma3": (gemma3_config, convert_gemma3_tensors),
+    "qwen3moe": (qwen3moe_config, convert_qwen3moe_tensors),
 }
 
 
@@ -34,7 +36,8 @@ def check_architecture(meta: GGUFMetadata) -> None:
     if meta.architecture not in ARCHITECTURES:
         raise ValueError(
             f"GGUF architecture {meta.architecture!r} is not supported; Shrike converts 'llama' (Llama, Mistral, "
-            "SmolLM and others llama.cpp stores as 'llama') and 'gemma3' (Gemma 3 text models)"
+            "SmolLM and others llama.cpp stores as 'llama'), 'gemma3' (Gemma 3 text models) and 'qwen3moe' "
+            "(Qwen3-MoE)"
         )
 
 
