@@ -82,15 +82,26 @@ def test_gptq_needs_calibration_text(tmp_path, capsys):
     assert err.count("\n") == 0 and "--method gptq needs --calibration TEXT_FILE" in err
 
 
-def test_default_quantize_beats_library_rtn_on_smollm2(default_model_dir, tmp_path):
-    """The default `shrike quantize` (no calibration) against compressed-tensors' min-max RTN of the same
-    weights and scheme, W4A16 g64, perplexity on the Bill of Rights (607 scored tokens)."""
+def test_uncalibrated_default_is_the_library_rounding():
+    """Without calibration the default is llm-compressor's min-max rule, bit for bit: the unweighted searches
+    lose to it on Gemma 3 (see shrike.quantization.quantizer)."""
+    weight = (torch.randn(48, 256, generator=torch.Generator().manual_seed(3)) * 0.02).bfloat16()
+    for name in ("w4a8-g32", "w4a16-g128", "w8a8"):
+        scheme = SCHEMES[name]
+        q, s = quantize_weight(weight, scheme, torch.bfloat16)
+        assert torch.equal(dequantize(q, s), _library_rtn(weight, scheme.weight_bits, scheme.group_size))
+
+
+def test_calibrated_default_beats_library_rtn_on_smollm2(default_model_dir, tmp_path):
+    """`shrike quantize --calibration` (the weighted clip search) against compressed-tensors' min-max RTN of the
+    same weights, W4A16 g64, scored on the Bill of Rights after calibrating on the Declaration text."""
     import sys
     sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
     from bench_formats import library_checkpoint
 
     ours = tmp_path / "ours"
-    quantize_checkpoint(default_model_dir, ours, SCHEMES["w4a16-g64"], progress=False)
+    quantize_checkpoint(default_model_dir, ours, SCHEMES["w4a16-g64"], progress=False,
+                        calibration_text=(DATA / "public_domain_english.txt").read_text())
     library = library_checkpoint(default_model_dir, tmp_path / "library", "W4A16", "pack-quantized", 64)
     text = (DATA / "calibration_bill_of_rights.txt").read_text()
     ppl = {}
@@ -98,7 +109,7 @@ def test_default_quantize_beats_library_rtn_on_smollm2(default_model_dir, tmp_pa
         loaded = load_model(str(path), progress=False)
         ppl[name] = evaluate_perplexity(loaded.model, loaded.tokenizer.encode(text, add_special_tokens=False),
                                         512).perplexity
-    assert ppl["ours"] < ppl["library"], ppl
+    assert ppl["ours"] < 0.9 * ppl["library"], ppl  # measured 9.37 vs 11.69
 
 
 def test_w4a8_g128_runs_on_smollm2s_576_wide_layers(default_model_dir, tmp_path, monkeypatch):

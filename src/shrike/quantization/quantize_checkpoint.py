@@ -42,11 +42,11 @@ def add_quantize_arguments(p: argparse.ArgumentParser) -> None:
                    "int-quantized for int8, as llm-compressor writes them)")
     p.add_argument("--ignore", nargs="*", default=["lm_head"], metavar="LAYER",
                    help="linear layers kept unquantized: names or 're:' regexes (default: lm_head)")
-    p.add_argument("--scale-search", default="clip", choices=list(SCALE_SEARCHES),
-                   help="how each group's scale is chosen: clip (default) keeps the candidate with the smallest "
-                   "error among ranges from llm-compressor's min-max rule down to 0.55 of it; mse only tries ranges "
-                   "within one step of the largest weight; absmax maps the largest weight to the top level "
-                   "(nothing clipped)")
+    p.add_argument("--scale-search", default=None, choices=list(SCALE_SEARCHES),
+                   help="how each group's scale is chosen: minmax is llm-compressor's rule (absmax / (L + 0.5)); "
+                   "clip keeps the candidate with the smallest error, weighted by the --calibration inputs, among "
+                   "ranges from min-max down to 0.55 of it; mse only within one step of the largest weight; absmax "
+                   "maps the largest weight to the top level (default: clip with --calibration, else minmax)")
     p.add_argument("--method", default="rtn", choices=list(METHODS),
                    help="rtn: round each weight to the nearest level (default); gptq: round column by column, "
                    "moving each rounding error onto the columns not yet rounded so that the layer's output on the "
@@ -63,12 +63,15 @@ def linear_prefixes(config: ModelConfig) -> list[str]:
 
 
 def quantize_checkpoint(src: Path, dst: Path, scheme: QuantScheme, fmt: str | None = None,
-                        ignore: list[str] = ("lm_head",), scale_search: str = "clip", calibration_text: str | None = None,
+                        ignore: list[str] = ("lm_head",), scale_search: str | None = None,
+                        calibration_text: str | None = None,
                         progress: bool = True, method: str = "rtn") -> None:
     if method not in METHODS:
         raise ConfigError(f"unknown quantization method {method!r}; use {' or '.join(METHODS)}")
     if method == "gptq" and calibration_text is None:
         raise ConfigError("--method gptq needs --calibration TEXT_FILE: it minimises the error on real inputs")
+    if scale_search is None:  # unweighted searches can lose to min-max (see shrike.quantization.quantizer)
+        scale_search = "minmax" if calibration_text is None else "clip"
     config = ModelConfig.from_dir(src)
     if calibration_text is not None and config.architecture in MOE_ARCHITECTURES:
         raise ConfigError("calibration (--calibration, --method gptq) is not supported for mixture-of-experts models; "

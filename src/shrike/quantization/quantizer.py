@@ -9,8 +9,13 @@ least-squares refit of the scale to the integers it produced (llama.cpp's quanti
 refit), and keeps per group the pair with the smallest error. llm-compressor's choice is one of the
 candidates, so the result is never worse than it in that error. `clip` (the default) adds candidates
 that shrink the range further, down to 0.55 of min-max (trading clipped outliers for finer steps).
-On SmolLM2-135M W4A16 g64 (perplexity, two texts): llm-compressor 31.22 / 11.69, mse 31.21 / 10.79,
-clip 29.96 / 10.11.
+
+The searches pay off only when the error is weighted by calibration inputs. Unweighted, they help
+SmolLM2-135M (W4A16 g64, perplexity on two texts: llm-compressor 31.22 / 11.69, mse 31.21 / 10.79,
+clip 29.96 / 10.11) but hurt Gemma 3 270M, whose inputs put most of a layer's output error on a few
+channels (W4A16 g128, Bill of Rights: min-max 11.63, mse 16.66); weighted by calibration they beat
+min-max on both (Gemma W4A8 g128: min-max 12.40, weighted clip 7.56). So `shrike quantize` uses
+min-max without calibration and the weighted clip search with it.
 
 The error of a group is sum_k E[x_k^2] (w_k - w'_k)^2: the expected squared output error for inputs
 with per-channel second moments E[x_k^2] (from calibration text) and no cross-channel correlation;
@@ -31,7 +36,7 @@ from shrike.quantization.schemes import QuantScheme
 # Fractions of a step added to L: absmax / (L + f). 0.5 is llm-compressor's min-max rule.
 _STEP_FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
 CLIP_RATIOS = tuple(1.0 - 0.05 * i for i in range(1, 10))  # 0.95 down to 0.55 of the min-max range
-SCALE_SEARCHES = ("absmax", "mse", "clip")
+SCALE_SEARCHES = ("minmax", "absmax", "mse", "clip")
 _ROWS_PER_CHUNK = 256
 
 
@@ -51,6 +56,8 @@ def one_thread() -> Iterator[None]:
 def _divisors(max_level: int, search: str) -> list[float]:
     if search == "absmax":
         return [float(max_level)]
+    if search == "minmax":
+        return [max_level + 0.5]
     divisors = [max_level + f for f in _STEP_FRACTIONS]
     if search == "clip":
         divisors += [(max_level + 0.5) / ratio for ratio in CLIP_RATIOS]
@@ -63,12 +70,13 @@ def _stored(scale: torch.Tensor, scale_dtype: torch.dtype) -> torch.Tensor:
     return torch.where(scale > 0, scale, torch.ones_like(scale))
 
 
-def quantize_weight(weight: torch.Tensor, scheme: QuantScheme, scale_dtype: torch.dtype, scale_search: str = "clip",
+def quantize_weight(weight: torch.Tensor, scheme: QuantScheme, scale_dtype: torch.dtype, scale_search: str = "minmax",
                     input_power: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """weight (N, K) -> integers (N, K) int8 and scales (N, ceil(K/G)) (per-channel: (N, 1)) in scale_dtype.
 
     When G does not divide K the last group of each row is shorter (as compressed-tensors writes it).
-    scale_search: "absmax" (scale = absmax / L, nothing clipped), "mse" or "clip" (see the module doc).
+    scale_search: "minmax" (llm-compressor's absmax / (L + 0.5)), "absmax" (absmax / L, nothing clipped),
+    "mse" or "clip" (see the module doc).
     input_power: (K,) mean squared input of each input channel, weighting the search's error.
     """
     n, k = weight.shape
@@ -100,7 +108,7 @@ def round_groups(w: torch.Tensor, importance: torch.Tensor, scheme: QuantScheme,
     for divisor in _divisors(scheme.max_level, scale_search):
         scale = _stored(absmax / divisor, scale_dtype)
         candidates = [scale]
-        if scale_search != "absmax":
+        if scale_search in ("mse", "clip"):
             q = torch.round(w / scale[..., None]).clamp(lowest, highest)
             qq = (importance * q.square()).sum(dim=-1)
             refit = (importance * w * q).sum(dim=-1) / torch.where(qq > 0, qq, torch.ones_like(qq))
