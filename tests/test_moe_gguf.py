@@ -1,9 +1,11 @@
-"""A qwen3moe GGUF written by the `gguf` package from a tiny random Qwen3MoeForCausalLM (merged ffn_*_exps expert
-tensors, as llama.cpp stores them) converts to the same logits as the model's own safetensors."""
+"""GGUF files written by the `gguf` package from tiny random Qwen3MoeForCausalLM (architecture qwen3moe) and
+MixtralForCausalLM (architecture llama with experts, q/k rows permuted as llama.cpp stores them), with merged
+ffn_*_exps expert tensors, convert to the same logits as the models' own safetensors."""
 from __future__ import annotations
 
 import gguf
 import numpy as np
+import pytest
 import torch
 import transformers
 from safetensors.torch import load_file
@@ -20,29 +22,37 @@ from test_gguf_tensor_types import VOCAB
 EXPERTS, USED, HIDDEN, INTER, LAYERS = 4, 2, 64, 32, 2
 
 
-def _tiny_hf() -> transformers.Qwen3MoeForCausalLM:
+def _tiny_hf(kind: str) -> transformers.PreTrainedModel:
     torch.manual_seed(0)
-    config = transformers.Qwen3MoeConfig(vocab_size=len(VOCAB), hidden_size=HIDDEN, intermediate_size=96,
-                                         num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=2,
-                                         head_dim=16, num_experts=EXPERTS, num_experts_per_tok=USED,
-                                         moe_intermediate_size=INTER, norm_topk_prob=True, max_position_embeddings=64,
-                                         rms_norm_eps=1e-6)
-    model = transformers.Qwen3MoeForCausalLM(config).eval()
-    with torch.no_grad():  # bf16-representable weights, so that the bf16 checkpoint conversion writes is exact
+    common = dict(vocab_size=len(VOCAB), hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, num_experts_per_tok=USED, max_position_embeddings=64,
+                  rms_norm_eps=1e-6)
+    config = transformers.Qwen3MoeConfig(**common, intermediate_size=96, num_experts=EXPERTS,
+                                         moe_intermediate_size=INTER, norm_topk_prob=True) if kind == "qwen3moe" \
+        else transformers.MixtralConfig(**common, intermediate_size=INTER, num_local_experts=EXPERTS)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():  # weights bf16 holds exactly, as the converted checkpoint stores them
         for p in model.parameters():
-            if p.dim() == 2:
+            if p.dim() >= 2:
                 p.normal_(0, 0.3)
             p.copy_(p.bfloat16().float())
     return model
 
 
-def _write_gguf(path, model_dir) -> None:
+def _llama_cpp_order(weight: np.ndarray, heads: int) -> np.ndarray:
+    """q/k rows as llama.cpp's converter permutes them for a llama file (pairs interleaved per head)."""
+    rows, cols = weight.shape
+    return weight.reshape(heads, 2, rows // heads // 2, cols).swapaxes(1, 2).reshape(rows, cols)
+
+
+def _write_gguf(path, model_dir, kind: str) -> None:
     c = transformers.AutoConfig.from_pretrained(model_dir)
-    writer = gguf.GGUFWriter(str(path), "qwen3moe")
+    qwen = kind == "qwen3moe"
+    writer = gguf.GGUFWriter(str(path), "qwen3moe" if qwen else "llama")
     writer.add_context_length(c.max_position_embeddings)
     writer.add_embedding_length(HIDDEN)
     writer.add_block_count(LAYERS)
-    writer.add_feed_forward_length(c.intermediate_size)
+    writer.add_feed_forward_length(c.intermediate_size)  # Mixtral: the experts' width
     writer.add_head_count(c.num_attention_heads)
     writer.add_head_count_kv(c.num_key_value_heads)
     writer.add_key_length(c.head_dim)
@@ -51,7 +61,8 @@ def _write_gguf(path, model_dir) -> None:
     writer.add_rope_freq_base(c.rope_parameters["rope_theta"])
     writer.add_expert_count(EXPERTS)
     writer.add_expert_used_count(USED)
-    writer.add_expert_feed_forward_length(INTER)
+    if qwen:
+        writer.add_expert_feed_forward_length(INTER)
     writer.add_tokenizer_model("llama")
     writer.add_token_list(VOCAB)
     writer.add_token_scores([0.0] * 259 + [-1.0, -2.0, -3.0, -4.0, -5.0])
@@ -64,16 +75,23 @@ def _write_gguf(path, model_dir) -> None:
     writer.add_tensor("token_embd.weight", state["model.embed_tokens.weight"])
     writer.add_tensor("output_norm.weight", state["model.norm.weight"])
     writer.add_tensor("output.weight", state["lm_head.weight"])
+    block = "mlp" if qwen else "block_sparse_moe"
     names = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
              "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-             "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm", "mlp.gate": "ffn_gate_inp"}
+             f"{block}.gate": "ffn_gate_inp",
+             **({"self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"} if qwen else {})}
+    experts = (("gate_proj", "ffn_gate_exps"), ("up_proj", "ffn_up_exps"), ("down_proj", "ffn_down_exps")) if qwen \
+        else (("w1", "ffn_gate_exps"), ("w3", "ffn_up_exps"), ("w2", "ffn_down_exps"))
     for i in range(LAYERS):
         p = f"model.layers.{i}"
         for hf, name in names.items():
-            writer.add_tensor(f"blk.{i}.{name}.weight", state[f"{p}.{hf}.weight"])
-        for hf, name in (("gate_proj", "ffn_gate_exps"), ("up_proj", "ffn_up_exps"), ("down_proj", "ffn_down_exps")):
-            merged = np.stack([state[f"{p}.mlp.experts.{e}.{hf}.weight"] for e in range(EXPERTS)])  # (E, rows, cols)
-            writer.add_tensor(f"blk.{i}.{name}.weight", merged.astype(np.float16), raw_dtype=gguf.GGMLQuantizationType.F16)
+            weight = state[f"{p}.{hf}.weight"]
+            if not qwen and name in ("attn_q", "attn_k"):
+                weight = _llama_cpp_order(weight, c.num_attention_heads if name == "attn_q" else c.num_key_value_heads)
+            writer.add_tensor(f"blk.{i}.{name}.weight", weight)
+        for hf, name in experts:
+            merged = np.stack([state[f"{p}.{block}.experts.{e}.{hf}.weight"] for e in range(EXPERTS)])  # (E, rows, cols)
+            writer.add_tensor(f"blk.{i}.{name}.weight", merged)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -87,18 +105,14 @@ def _logits(model_dir, ids: torch.Tensor) -> torch.Tensor:
     return model.forward(EagerStep.prefill(model.ops, ids, 16, torch.arange(len(ids))), caches)
 
 
-def test_qwen3moe_gguf_converts_to_the_same_logits(tmp_path):
-    hf = _tiny_hf()
-    with torch.no_grad():  # experts go through fp16 in the GGUF: keep the model's weights what the file holds
-        for name, p in hf.named_parameters():
-            if ".experts." in name:
-                p.copy_(p.half().float())
+@pytest.mark.parametrize("kind, architecture", [("qwen3moe", "Qwen3MoeForCausalLM"), ("mixtral", "MixtralForCausalLM")])
+def test_moe_gguf_converts_to_the_same_logits(tmp_path, kind, architecture):
+    hf = _tiny_hf(kind)
     hf.save_pretrained(tmp_path / "hf")
-    _write_gguf(tmp_path / "tiny.gguf", tmp_path / "hf")
+    _write_gguf(tmp_path / "tiny.gguf", tmp_path / "hf", kind)
     convert_gguf(tmp_path / "tiny.gguf", tmp_path / "converted", progress=False)
     config = ModelConfig.from_dir(tmp_path / "converted")
-    assert (config.architecture, config.raw["num_experts"], config.raw["num_experts_per_tok"]) == \
-        ("Qwen3MoeForCausalLM", EXPERTS, USED)
+    assert (config.architecture, config.raw["num_experts_per_tok"]) == (architecture, USED)
     ids = torch.randint(0, len(VOCAB), (21,), generator=torch.Generator().manual_seed(2))
     assert torch.equal(_logits(tmp_path / "converted", ids), _logits(tmp_path / "hf", ids))
     with torch.no_grad():

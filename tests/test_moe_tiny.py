@@ -95,6 +95,10 @@ def test_compiled_equals_eager_bf16(tiny):
     _assert_same_logits(tiny["qwen3moe"][0], "bfloat16")
 
 
+def test_compiled_equals_eager_with_an_int8_kv_cache(tiny):
+    _assert_same_logits(tiny["mixtral"][0], "bfloat16", kv_cache_dtype="int8")
+
+
 @pytest.mark.parametrize("scheme", ["w4a8-g32", "w8a8", "w4a16-g32", "w8a16"])
 def test_compiled_equals_eager_quantized_experts(tiny, tmp_path, scheme):
     quantized = _quantize(tiny["qwen3moe"][0], tmp_path / "q", scheme)

@@ -19,7 +19,7 @@ from shrike.convert.gemma3_gguf import convert_gemma3_tensors, gemma3_config
 from shrike.convert.gguf_tokenizer import tokenizer_config, tokenizer_json
 from shrike.convert.llama_config import generation_config, llama_config
 from shrike.convert.llama_weights import convert_tensors
-from shrike.convert.qwen3moe_gguf import convert_qwen3moe_tensors, qwen3moe_config
+from shrike.convert.moe_gguf import convert_moe_tensors, is_moe, mixtral_config, qwen3moe_config
 
 # Part of every cache key: bump it whenever the files convert_gguf writes would change for the same input
 CONVERTER_VERSION = 2
@@ -28,16 +28,17 @@ CONVERTER_VERSION = 2
 ARCHITECTURES = {
     "llama": (llama_config, convert_tensors),
     "gemma3": (gemma3_config, convert_gemma3_tensors),
-    "qwen3moe": (qwen3moe_config, convert_qwen3moe_tensors),
+    "qwen3moe": (qwen3moe_config, convert_moe_tensors),
 }
+MIXTRAL = (mixtral_config, convert_moe_tensors)  # a llama file with experts
 
 
 def check_architecture(meta: GGUFMetadata) -> None:
     if meta.architecture not in ARCHITECTURES:
         raise ValueError(
             f"GGUF architecture {meta.architecture!r} is not supported; Shrike converts 'llama' (Llama, Mistral, "
-            "SmolLM and others llama.cpp stores as 'llama'), 'gemma3' (Gemma 3 text models) and 'qwen3moe' "
-            "(Qwen3-MoE)"
+            "SmolLM, Mixtral and others llama.cpp stores as 'llama'), 'gemma3' (Gemma 3 text models) and "
+            "'qwen3moe' (Qwen3-MoE)"
         )
 
 
@@ -54,7 +55,8 @@ def convert_gguf(src: Path, dst: Path, progress: bool = True) -> None:
         raise ValueError(f"{src} has no token_embd.weight tensor, so it is not a usable language model")
     embedding = next(tensor for tensor in reader.tensors if tensor.name == "token_embd.weight")
     vocab_size = int(embedding.shape[1])  # GGUF shape is [hidden, vocab]
-    build_config, convert_weights = ARCHITECTURES[meta.architecture]
+    build_config, convert_weights = MIXTRAL if meta.architecture == "llama" and is_moe(meta) \
+        else ARCHITECTURES[meta.architecture]
     config = build_config(meta, vocab_size=vocab_size, has_output_weight="output.weight" in tensor_names)
 
     tokenizer_text = tokenizer_json(meta)

@@ -1,0 +1,126 @@
+"""config.json and per-expert tensors for mixture-of-experts GGUF files: `qwen3moe` (Qwen3MoeForCausalLM) and
+`llama` files with experts (Mixtral, MixtralForCausalLM).
+
+llama.cpp stores each MoE layer's experts merged: ffn_gate_exps / ffn_up_exps (GGUF shape [hidden, I, E],
+(E, I, hidden) here) and ffn_down_exps ((E, hidden, I) here); the router is ffn_gate_inp ((E, hidden)). They
+are split back into Hugging Face's per-expert tensors. Llama files have their q/k rows permuted for llama.cpp's
+RoPE (undone here); Qwen's are in Hugging Face order. llama.cpp renormalises the top-k weights of both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+from gguf import Keys, ReaderTensor
+
+from shrike.convert.gguf_metadata import GGUFMetadata
+from shrike.convert.llama_config import llama_config
+from shrike.convert.llama_weights import LAYER_NAMES, dequantized, hf_tensor_name, undo_rope_permutation
+
+_MERGED_EXPERTS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+
+
+@dataclass(frozen=True)
+class _Layout:
+    model: str  # for messages
+    block: str  # the MoE block under model.layers.{i}
+    expert_names: tuple[str, str, str]  # gate, up, down under experts.{e}
+    qk_norm: bool
+    permuted_qk: bool
+
+
+_QWEN3MOE = _Layout("a Qwen3-MoE model", "mlp", ("gate_proj", "up_proj", "down_proj"), True, False)
+_MIXTRAL = _Layout("a Mixtral model", "block_sparse_moe", ("w1", "w3", "w2"), False, True)
+
+
+def is_moe(meta: GGUFMetadata) -> bool:
+    return meta.arch_key(Keys.LLM.EXPERT_COUNT) in meta
+
+
+def qwen3moe_config(meta: GGUFMetadata, vocab_size: int, has_output_weight: bool) -> dict:
+    config = llama_config(meta, vocab_size, has_output_weight)  # the same attention and norm metadata keys
+    key = meta.arch_key
+    config.update({
+        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+        "num_experts": meta.require(key(Keys.LLM.EXPERT_COUNT)),
+        "num_experts_per_tok": meta.require(key(Keys.LLM.EXPERT_USED_COUNT)),
+        "moe_intermediate_size": meta.require(key(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH)),
+        "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [],
+    })
+    return config
+
+
+def mixtral_config(meta: GGUFMetadata, vocab_size: int, has_output_weight: bool) -> dict:
+    config = llama_config(meta, vocab_size, has_output_weight)
+    key = meta.arch_key
+    config.update({
+        "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "sliding_window": None,
+        "num_local_experts": meta.require(key(Keys.LLM.EXPERT_COUNT)),
+        "num_experts_per_tok": meta.require(key(Keys.LLM.EXPERT_USED_COUNT)),
+        "intermediate_size": meta.get(key(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH), config["intermediate_size"]),
+    })
+    return config
+
+
+def _layout(config: dict) -> _Layout:
+    return _QWEN3MOE if config["architectures"][0] == "Qwen3MoeForCausalLM" else _MIXTRAL
+
+
+def _expected_shapes(config: dict, layout: _Layout) -> dict[str, tuple[int, ...]]:
+    hidden, head_dim = config["hidden_size"], config["head_dim"]
+    inter = config.get("moe_intermediate_size") or config["intermediate_size"]
+    experts = config.get("num_experts") or config["num_local_experts"]
+    q_rows, kv_rows = config["num_attention_heads"] * head_dim, config["num_key_value_heads"] * head_dim
+    shapes = {"model.embed_tokens.weight": (config["vocab_size"], hidden), "model.norm.weight": (hidden,)}
+    if not config["tie_word_embeddings"]:
+        shapes["lm_head.weight"] = (config["vocab_size"], hidden)
+    gate, up, down = layout.expert_names
+    per_layer = {
+        "input_layernorm": (hidden,), "post_attention_layernorm": (hidden,),
+        "self_attn.q_proj": (q_rows, hidden), "self_attn.k_proj": (kv_rows, hidden),
+        "self_attn.v_proj": (kv_rows, hidden), "self_attn.o_proj": (hidden, q_rows),
+        f"{layout.block}.gate": (experts, hidden),
+        **{f"{layout.block}.experts.{e}.{name}": shape for e in range(experts)
+           for name, shape in ((gate, (inter, hidden)), (up, (inter, hidden)), (down, (hidden, inter)))},
+    }
+    if layout.qk_norm:
+        per_layer.update({"self_attn.q_norm": (head_dim,), "self_attn.k_norm": (head_dim,)})
+    for layer in range(config["num_hidden_layers"]):
+        for module, shape in per_layer.items():
+            shapes[f"model.layers.{layer}.{module}.weight"] = shape
+    return shapes
+
+
+def convert_moe_tensors(tensors: Iterable[ReaderTensor], config: dict) -> dict[str, torch.Tensor]:
+    layout = _layout(config)
+    names = {**{k: v for k, v in LAYER_NAMES.items() if not k.startswith(("ffn_gate", "ffn_up", "ffn_down"))},
+             "ffn_gate_inp": f"{layout.block}.gate"}
+    if layout.qk_norm:
+        names.update({"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"})
+    rope_heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
+    shapes = _expected_shapes(config, layout)
+    converted: dict[str, torch.Tensor] = {}
+    for tensor in tensors:
+        parts = tensor.name.split(".")
+        kind = parts[2] if len(parts) == 4 and parts[0] == "blk" else None
+        weight = dequantized(tensor)
+        if kind in _MERGED_EXPERTS:  # (E, rows, cols) -> one tensor per expert
+            expert_name = layout.expert_names[_MERGED_EXPERTS.index(kind)]
+            pieces = {f"model.layers.{parts[1]}.{layout.block}.experts.{e}.{expert_name}.weight": weight[e]
+                      for e in range(weight.shape[0])}
+        else:
+            if layout.permuted_qk and kind in rope_heads:
+                weight = undo_rope_permutation(weight, rope_heads[kind])
+            merged = ", ".join(_MERGED_EXPERTS)
+            pieces = {hf_tensor_name(tensor.name, names, f"{layout.model} (experts merged as {merged})"): weight}
+        for name, piece in pieces.items():
+            if shapes.get(name) != tuple(piece.shape):
+                raise ValueError(f"GGUF tensor {tensor.name!r} does not fit {layout.model} as the file's metadata "
+                                 f"describes it ({name}: {list(piece.shape)}, expected {list(shapes.get(name, ()))})")
+            converted[name] = torch.from_numpy(piece.copy()).to(torch.bfloat16)
+    missing = sorted(set(shapes) - set(converted))
+    if missing:
+        raise ValueError(f"the GGUF file lacks {len(missing)} tensors {layout.model} needs, e.g. {missing[:3]}")
+    return converted
