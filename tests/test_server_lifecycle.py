@@ -40,7 +40,7 @@ def test_startup_line_and_sigterm_during_a_stream_exits_zero(default_model_dir, 
         startup = [line for line in server.log.splitlines() if "serving" in line]
         assert len(startup) == 1
         for part in (f"'{SERVED_NAME}'", server.base_url, "dtype bfloat16", "kernels ", "KV cache ",
-                     "--kv-cache-space 0.5 GiB"):
+                     "--kv-cache-space 0.5 GiB", "parameters 0.13 B;"):
             assert part in startup[0]
         body = {"model": SERVED_NAME, "prompt": "Once upon a time", "max_tokens": 12, "temperature": 0,
                 "ignore_eos": True, "stream": True}

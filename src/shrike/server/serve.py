@@ -15,6 +15,7 @@ from shrike.engine.async_engine import AsyncEngine
 from shrike.engine.config import engine_config_from_args
 from shrike.engine.llm_engine import LLMEngine
 from shrike.errors import ConfigError
+from shrike.model.footprint import footprint
 from shrike.sampling.grammar import GrammarCompiler
 from shrike.sampling.grammar_backends import new_grammar_compiler
 from shrike.server.app import build_app
@@ -113,12 +114,20 @@ def listen(host: str, port: int) -> socket.socket:
     return listener
 
 
+def _footprint_text(engine: LLMEngine) -> str:
+    """' (parameters A B active of T B; a decoded token reads ...)', or nothing when the checkpoint cannot tell."""
+    try:
+        return f" ({footprint(engine.model_dir, engine.model_config.raw).describe()})"
+    except (KeyError, ValueError, OSError):
+        return ""
+
+
 def _startup_line(ctx: ServerContext, engine: LLMEngine, host: str, port: int, generation_config: str,
                   web_ui: bool) -> str:
     plan = engine.kv_plan
     shown_host = f"[{host}]" if ":" in host else host
     return (f"Shrike {__version__} serving {ctx.model_name!r} at http://{shown_host}:{port}/v1 - "
-            f"weights {engine.model_dir}, dtype {str(engine.dtype).removeprefix('torch.')}, "
+            f"weights {engine.model_dir}{_footprint_text(engine)}, dtype {str(engine.dtype).removeprefix('torch.')}, "
             f"kernels {kernels.active_isa()}, max-model-len {engine.max_model_len}, "
             f"KV cache {str(engine.kv_dtype).removeprefix('torch.')} {plan.bytes_per_token} bytes/token, "
             f"{plan.capacity_tokens} tokens in {plan.cache_bytes / (1 << 30):.2f} GiB ({plan.reason}; "
