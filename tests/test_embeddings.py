@@ -87,6 +87,8 @@ def test_misuse_is_one_line(default_model_dir, tmp_path):
         PoolingParams(dimensions=0)
     with pytest.raises(ValueError, match="the prompt has 513 tokens"):
         embedder.embed([[7] * 513])
+    long = list(range(1000, 1600))
+    assert embedder.embed([long], truncate_prompt_tokens=-1)[0].prompt_token_ids == long[-512:]
     with pytest.raises(ConfigError, match="--runner generate and --task embed disagree"):
         LLM(str(default_model_dir), runner="generate", task="embed", **ENGINE)
     bad = sentence_transformers_dir(default_model_dir, tmp_path / "dense", "mean", False)
@@ -113,3 +115,4 @@ def test_matryoshka_dimensions_keep_the_leading_ones_then_normalize(default_mode
     _close(short.tolist(), full[:32] / full[:32].norm(), 1e-6)
     with pytest.raises(ValueError, match="dimensions must be at most 576"):
         llm.embed("Hello", PoolingParams(dimensions=577))
+

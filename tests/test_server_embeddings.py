@@ -23,7 +23,7 @@ TEXTS = ["A cat sat on the mat.", "Paris is the capital of France. " * 6, "Vecto
 def embedding_server(default_model_dir, tmp_path_factory):
     model_dir = sentence_transformers_dir(default_model_dir, tmp_path_factory.mktemp("st") / "model", "mean", True)
     with running_server(model_dir, tmp_path_factory.mktemp("log") / "server.log", "--dtype", "float32",
-                        "--max-num-batched-tokens", "32") as server:
+                        "--max-num-batched-tokens", "32", "--max-model-len", "512") as server:
         yield server, model_dir
 
 
@@ -82,11 +82,12 @@ def test_requests_sent_together_equal_each_alone(client):
     ({"input": ""}, 400, "input[0] is an empty string"),
     ({"input": [[]]}, 400, "input[0] is an empty list of token ids"),
     ({"input": [49152]}, 400, "input must be token ids in [0, 49152)"),
-    ({"input": [7] * 2049}, 400, "the prompt has 2049 tokens"),
+    ({"input": [7] * 513}, 400, "the prompt has 513 tokens"),
     ({"input": 5}, 400, "input"),
     ({"input": "hi", "encoding_format": "int8"}, 400, "encoding_format"),
     ({"input": "hi", "dimensions": 64}, 400, "not a Matryoshka model"),
     ({"input": "hi", "dimensions": 0}, 400, "dimensions"),
+    ({"input": "hi", "truncate_prompt_tokens": 0}, 400, "truncate_prompt_tokens must be -1"),
     ({"input": "hi", "model": "other"}, 404, "does not exist"),
 ])
 def test_bad_requests_are_one_line(embedding_server, body, status, words):
@@ -95,6 +96,18 @@ def test_bad_requests_are_one_line(embedding_server, body, status, words):
     assert response.status_code == status, response.text
     message = response.json()["error"]["message"]
     assert words in message and "\n" not in message
+
+
+def test_truncate_prompt_tokens_keeps_the_last_tokens(embedding_server, client):
+    long = list(range(1000, 1600))  # 600 tokens: more than --max-model-len 512
+    kept = client.embeddings.create(model=SERVED_NAME, input=long, encoding_format="float",
+                                    extra_body={"truncate_prompt_tokens": -1})
+    tail = client.embeddings.create(model=SERVED_NAME, input=long[-512:], encoding_format="float")
+    assert kept.data[0].embedding == tail.data[0].embedding and kept.usage.prompt_tokens == 512
+    short = client.embeddings.create(model=SERVED_NAME, input=long, encoding_format="float",
+                                     extra_body={"truncate_prompt_tokens": 5})
+    assert short.data[0].embedding == client.embeddings.create(
+        model=SERVED_NAME, input=long[-5:], encoding_format="float").data[0].embedding
 
 
 def test_an_embedding_server_refuses_generation_and_keeps_serving(embedding_server, client):

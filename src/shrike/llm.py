@@ -67,10 +67,17 @@ class LLM:
         return self._run(_as_prompt_list(prompts), sampling_params, use_tqdm, self._encode_prompt)
 
     def embed(self, prompts: PromptType | Sequence[PromptType],
-              pooling_params: PoolingParams | Sequence[PoolingParams] | None = None) -> list[EmbeddingRequestOutput]:
-        """One embedding per prompt, in order, computed batched (needs an embedding model: runner="pooling")."""
+              pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+              truncate_prompt_tokens: int | None = None) -> list[EmbeddingRequestOutput]:
+        """One embedding per prompt, in order, computed batched (needs an embedding model: runner="pooling").
+        truncate_prompt_tokens: keep each prompt's last k tokens (-1: the last max_model_len)."""
         items = _as_prompt_list(prompts)
         ids = [self._encode_prompt(prompt)[1] for prompt in items]
+        if truncate_prompt_tokens is not None:
+            if truncate_prompt_tokens == 0 or truncate_prompt_tokens < -1:
+                raise ValueError(f"truncate_prompt_tokens must be -1 or at least 1, got {truncate_prompt_tokens}")
+            keep = self.llm_engine.max_model_len if truncate_prompt_tokens == -1 else truncate_prompt_tokens
+            ids = [p[-keep:] for p in ids]
         params = pooling_params if pooling_params is not None else PoolingParams()
         vectors = self.llm_engine.embed(ids, list(params) if isinstance(params, Sequence) else params)
         return [EmbeddingRequestOutput(f"embed-{i}", prompt_ids, EmbeddingOutput(vector))

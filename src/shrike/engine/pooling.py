@@ -151,7 +151,8 @@ def pool_chunk(pooler: Pooler, hidden: torch.Tensor, start: int, count: int, fir
 
 class PoolingState:
     """A pooled sequence's running totals; restarted when its prompt is computed again from position 0
-    (after preemption)."""
+    (after preemption: with only pooled sequences the scheduler never needs to, as at most one of them is part-way
+    through its prompt at a time, but a preempted sequence is recomputed from scratch and its totals must be too)."""
 
     def __init__(self, pooler: Pooler, params: PoolingParams):
         self.pooler, self.params = pooler, params

@@ -26,6 +26,8 @@ class EmbeddingRequest(_Request):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(default=None, ge=1)
     user: str | None = None
+    # vLLM's: keep only each input's last k tokens (-1: the last --max-model-len), so a long text still embeds
+    truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
 
 
 PARAM_NAMES = set(EmbeddingRequest.model_fields)
@@ -66,6 +68,13 @@ async def create_embeddings(body: EmbeddingRequest, request: Request, ctx: Serve
         raise bad_request("this server runs its model for generation; to serve /v1/embeddings start it as an "
                           "embedding model: shrike serve MODEL --runner pooling", "model")
     prompts = await _inputs(ctx, body.input)
+    keep = body.truncate_prompt_tokens
+    if keep is not None:
+        if keep == 0:
+            raise bad_request("truncate_prompt_tokens must be -1 (the maximum context length) or at least 1",
+                              "truncate_prompt_tokens")
+        keep = ctx.max_model_len if keep == -1 else keep
+        prompts = [p[-keep:] for p in prompts]
     generation = await submit(ctx, prompts, PoolingParams(dimensions=body.dimensions), PARAM_NAMES, "input")
     outputs = await outputs_until_disconnect(generation, request)
     if outputs is None:
