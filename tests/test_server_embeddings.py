@@ -37,6 +37,7 @@ def test_openai_client_vectors_equal_transformers_mean_pooled(embedding_server, 
     """(test_embeddings.py checks every pooling mode against sentence-transformers itself.)"""
     server, model_dir = embedding_server
     assert "embedding model (/v1/embeddings), 576 dimensions, pooling mean, normalized" in server.log
+    assert "chat page off" in server.log and httpx.get(f"{server.base_url}/").status_code == 404
     response = client.embeddings.create(model=SERVED_NAME, input=TEXTS)  # the client asks for base64 and decodes it
     assert [d.index for d in response.data] == [0, 1, 2] and response.model == SERVED_NAME
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)

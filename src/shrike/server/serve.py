@@ -46,9 +46,10 @@ def serve_main(args: argparse.Namespace) -> int:
     async_engine = ctx.async_engine
     host, port = listener.getsockname()[:2]
     limits = ConnectionLimits(args.header_timeout, args.body_timeout, args.max_header_bytes, args.max_headers)
+    web_ui = args.web_ui and engine.pooler is None  # an embedding model has nothing to chat with
     app = build_app(ctx, log_stats=not args.disable_log_stats,
-                    startup_message=_startup_line(ctx, engine, host, port, args.generation_config, args.web_ui),
-                    web_ui=args.web_ui, body_timeout=limits.body_timeout)
+                    startup_message=_startup_line(ctx, engine, host, port, args.generation_config, web_ui),
+                    web_ui=web_ui, body_timeout=limits.body_timeout)
     server = DrainingServer(uvicorn.Config(app, log_config=None, timeout_graceful_shutdown=CONNECTION_CLOSE_SECONDS,
                                            timeout_keep_alive=KEEP_ALIVE_SECONDS, http=guarded_protocol(limits)),
                             ctx.drain, args.shutdown_timeout, async_engine.stop)
