@@ -38,6 +38,8 @@ def test_openai_client_vectors_equal_transformers_mean_pooled(embedding_server, 
     server, model_dir = embedding_server
     assert "embedding model (/v1/embeddings), 576 dimensions, pooling mean, normalized" in server.log
     assert "chat page off" in server.log and httpx.get(f"{server.base_url}/").status_code == 404
+    operation = httpx.get(f"{server.base_url}/openapi.json").json()["paths"]["/v1/embeddings"]["post"]
+    assert {"200", "400", "404", "503"} <= set(operation["responses"]) and "422" not in operation["responses"]
     response = client.embeddings.create(model=SERVED_NAME, input=TEXTS)  # the client asks for base64 and decodes it
     assert [d.index for d in response.data] == [0, 1, 2] and response.model == SERVED_NAME
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)

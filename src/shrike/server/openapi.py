@@ -45,6 +45,7 @@ _ERRORS_BY_OPERATION = {
     ("/v1/completions", "post"): ["400", "404", "413", "503"],
     ("/v1/chat/completions", "post"): ["400", "404", "413", "503"],
     ("/v1/responses", "post"): ["400", "404", "413", "503"],
+    ("/v1/embeddings", "post"): ["400", "404", "413", "503"],
     ("/v1/models/{model_id}", "get"): ["404"],
     ("/tokenize", "post"): ["400", "404", "413"],
     ("/detokenize", "post"): ["400", "404", "413"],
