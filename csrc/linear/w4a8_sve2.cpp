@@ -27,7 +27,10 @@ void rows_x_pass(const W4A8Problem& p, int64_t i0, int64_t t, int64_t h, int64_t
   SHRIKE_EACH_ROW(SHRIKE_DECLARE)
 #undef SHRIKE_DECLARE
   for (int64_t g = 0; g < groups; ++g) {
-#define SHRIKE_DECLARE(r) svint32_t isum##r = svdup_n_s32(0);
+    // Each row's four sdot per K block go to four independent accumulators (summed per group;
+    // integer sums are exact): one accumulator would make the group one chain of dependent sdot.
+#define SHRIKE_DECLARE(r) \
+  svint32_t isum##r = svdup_n_s32(0), isum##r##b = svdup_n_s32(0), isum##r##c = svdup_n_s32(0), isum##r##d = svdup_n_s32(0);
     SHRIKE_EACH_ROW(SHRIKE_DECLARE)
 #undef SHRIKE_DECLARE
     for (int64_t kb = g * p.group; kb < (g + 1) * p.group; kb += 16, w += 64) {
@@ -41,13 +44,17 @@ void rows_x_pass(const W4A8Problem& p, int64_t i0, int64_t t, int64_t h, int64_t
   if constexpr (MR > r) {                             \
     svint8_t a = svld1rq_s8(all, q[r] + kb);          \
     isum##r = svdot_lane_s32(isum##r, lo0, a, 0);     \
-    isum##r = svdot_lane_s32(isum##r, hi0, a, 1);     \
-    isum##r = svdot_lane_s32(isum##r, lo1, a, 2);     \
-    isum##r = svdot_lane_s32(isum##r, hi1, a, 3);     \
+    isum##r##b = svdot_lane_s32(isum##r##b, hi0, a, 1); \
+    isum##r##c = svdot_lane_s32(isum##r##c, lo1, a, 2); \
+    isum##r##d = svdot_lane_s32(isum##r##d, hi1, a, 3); \
   }
       SHRIKE_EACH_ROW(SHRIKE_DOT)
 #undef SHRIKE_DOT
     }
+#define SHRIKE_SUM(r) \
+  if constexpr (MR > r) isum##r = svadd_s32_x(all, svadd_s32_x(all, isum##r, isum##r##b), svadd_s32_x(all, isum##r##c, isum##r##d));
+    SHRIKE_EACH_ROW(SHRIKE_SUM)
+#undef SHRIKE_SUM
     svfloat32_t scale = svld1_f32(lanes, reinterpret_cast<const float*>(w) + per_pass * h);
     svint32_t wsum = svld1sh_s32(lanes, reinterpret_cast<const int16_t*>(w + 32) + per_pass * h);
     w += 48;

@@ -21,7 +21,10 @@ void rows_x_pass(const W8A8Problem& p, int64_t i0, int64_t t, int64_t h, int64_t
   const svbool_t lanes = svwhilelt_b32(int64_t{0}, per_pass);
   const int8_t* q[4];
   for (int r = 0; r < 4; ++r) q[r] = p.q + (i0 + (r < MR ? r : 0)) * p.k;
-#define SHRIKE_DECLARE(r) svint32_t isum##r = svdup_n_s32(0);
+  // Each row's four K steps go to four independent accumulators (summed after the loop; integer
+  // sums are exact), so consecutive sdot do not wait on each other.
+#define SHRIKE_DECLARE(r) \
+  svint32_t isum##r = svdup_n_s32(0), isum##r##b = svdup_n_s32(0), isum##r##c = svdup_n_s32(0), isum##r##d = svdup_n_s32(0);
   SHRIKE_EACH_ROW(SHRIKE_DECLARE)
 #undef SHRIKE_DECLARE
   for (int64_t k = 0; k < p.k; k += 16, w += 128) {
@@ -31,13 +34,17 @@ void rows_x_pass(const W8A8Problem& p, int64_t i0, int64_t t, int64_t h, int64_t
   if constexpr (MR > r) {                          \
     svint8_t a = svld1rq_s8(all, q[r] + k);        \
     isum##r = svdot_lane_s32(isum##r, s0, a, 0);   \
-    isum##r = svdot_lane_s32(isum##r, s1, a, 1);   \
-    isum##r = svdot_lane_s32(isum##r, s2, a, 2);   \
-    isum##r = svdot_lane_s32(isum##r, s3, a, 3);   \
+    isum##r##b = svdot_lane_s32(isum##r##b, s1, a, 1); \
+    isum##r##c = svdot_lane_s32(isum##r##c, s2, a, 2); \
+    isum##r##d = svdot_lane_s32(isum##r##d, s3, a, 3); \
   }
     SHRIKE_EACH_ROW(SHRIKE_DOT)
 #undef SHRIKE_DOT
   }
+#define SHRIKE_SUM(r) \
+  if constexpr (MR > r) isum##r = svadd_s32_x(all, svadd_s32_x(all, isum##r, isum##r##b), svadd_s32_x(all, isum##r##c, isum##r##d));
+  SHRIKE_EACH_ROW(SHRIKE_SUM)
+#undef SHRIKE_SUM
   svfloat32_t scale = svld1_f32(lanes, reinterpret_cast<const float*>(tile + kTileRows * p.k) + per_pass * h);
   svbool_t valid = valid_columns(p.n, t, h, per_pass);
   int64_t col = t * kTileRows + h * per_pass;
