@@ -109,6 +109,21 @@ def test_compiled_equals_eager_quantized_experts(tiny, tmp_path, scheme):
     assert isinstance(block.router.weight, torch.Tensor)  # the router stays dense
 
 
+def test_a_request_gets_the_same_logprobs_batched_and_alone(tiny):
+    engine = LLMEngine(EngineConfig(model=str(tiny["qwen3moe"][0]), dtype="bfloat16", max_model_len=128,
+                                    kv_cache_space=0.02, progress=False))
+    prompts = [[5, 900, 31, 77, 2048, 6], [400 + i for i in range(13)], [17, 3]]
+    params = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True, logprobs=3)
+
+    def scored(outputs):
+        return [(seqs[0].token_ids, [(s.logprob, s.top_ids, s.top_logprobs) for s in seqs[0].logprobs])
+                for seqs in outputs]
+
+    together = scored(engine.generate(prompts, params))
+    alone = [scored(engine.generate([prompt], params))[0] for prompt in prompts]
+    assert together == alone
+
+
 # The op itself ----------------------------------------------------------------------------------
 
 def _random_experts(num_experts: int, hidden: int, inter: int, fmt: str) -> ExpertWeights:

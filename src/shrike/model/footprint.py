@@ -17,7 +17,8 @@ class Footprint:
     bytes_per_token: int  # read by one decoded token (batch 1)
 
     def describe(self) -> str:
-        read = f"a decoded token reads {self.bytes_per_token / 1e9:.2f} GB of the {self.weight_bytes / 1e9:.2f} GB of weights"
+        read = (f"a decoded token reads {self.bytes_per_token / 1e9:.2f} GB of the {self.weight_bytes / 1e9:.2f} GB "
+                "of weights")
         if self.active_params == self.total_params:
             return f"parameters {self.total_params / 1e9:.2f} B; {read}"
         return f"parameters {self.active_params / 1e9:.2f} B active of {self.total_params / 1e9:.2f} B; {read}"
