@@ -29,7 +29,7 @@ def _library_rtn(weight: torch.Tensor, bits: int, group: int | None) -> torch.Te
     grouped = weight.float().reshape(n, -1, group or k)
     scale, zero = calculate_qparams(grouped.amin(-1), grouped.amax(-1), args)
     scale = scale.bfloat16()
-    q = quantize(weight.float(), scale.float(), zero, args)  # integers in fp32, compressed-tensors' own rounding
+    q = quantize(weight, scale, zero, args).float()  # compressed-tensors' own rounding, as its compressors call it
     return (q.reshape(n, -1, group or k) * scale.float()[..., None]).reshape(n, k)
 
 
