@@ -39,11 +39,13 @@ inline svbool_t valid_columns(int64_t n, int64_t t, int64_t h, int64_t per_pass)
 
 // svmmla operands for a pass (see columns_per_pass): K steps a and b of R columns x 4 K each,
 // zipped per 32-bit element into (column, 8 K) rows, two columns per 128-bit segment; `first`
-// holds columns 0..R/2-1 of the pass, `second` the rest.
-inline void mmla_columns(svint8_t a, svint8_t b, svint8_t& first, svint8_t& second) {
-  svint32_t a32 = svreinterpret_s32_s8(a), b32 = svreinterpret_s32_s8(b);
-  first = svreinterpret_s8_s32(svzip1_s32(a32, b32));
-  second = svreinterpret_s8_s32(svzip2_s32(a32, b32));
+// holds columns 0..R/2-1 of the pass, `second` the rest. Returned by value: through reference
+// parameters clang 19 kept the two operands in a stack slot (stored as int32, reloaded as int8).
+inline svint8_t mmla_columns_first(svint8_t a, svint8_t b) {
+  return svreinterpret_s8_s32(svzip1_s32(svreinterpret_s32_s8(a), svreinterpret_s32_s8(b)));
+}
+inline svint8_t mmla_columns_second(svint8_t a, svint8_t b) {
+  return svreinterpret_s8_s32(svzip2_s32(svreinterpret_s32_s8(a), svreinterpret_s32_s8(b)));
 }
 
 // 8 K of row a then 8 K of row b, in every 128-bit segment: svmmla's (2 rows, 8 K) operand.

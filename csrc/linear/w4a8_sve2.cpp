@@ -83,7 +83,7 @@ void rows_x_pass(const W4A8Problem& p, int64_t i0, int64_t t, int64_t h, int64_t
 #undef SHRIKE_EACH_ROW
 
 // Row pairs (row_a[j], row_b[j]) x columns [hR, hR + R) of tile t with svmmla. A packed step's
-// low nibbles are K 0-3 of each column and its high nibbles K 4-7: zipped (mmla_columns) they
+// low nibbles are K 0-3 of each column and its high nibbles K 4-7: zipped (mmla_columns_*) they
 // are the (column, 8 K) operand. The stored w + 8 (0..15) is a valid int8; the +8 is removed per
 // group as in rows_x_pass. An odd last row is paired with itself and stored once.
 template <int PAIRS>
@@ -99,9 +99,8 @@ void pairs_x_pass(const W4A8Problem& p, const int64_t* row_a, const int64_t* row
     svint32_t first0 = svdup_n_s32(0), second0 = svdup_n_s32(0), first1 = svdup_n_s32(0), second1 = svdup_n_s32(0);
     for (int64_t kb = g * p.group; kb < (g + 1) * p.group; kb += 8, w += 32) {
       svuint8_t v = svld1_u8(bytes, w + 4 * per_pass * h);
-      svint8_t b_first, b_second;
-      mmla_columns(svreinterpret_s8_u8(svand_n_u8_x(bytes, v, 0x0f)), svreinterpret_s8_u8(svlsr_n_u8_x(bytes, v, 4)),
-                   b_first, b_second);
+      svint8_t lo = svreinterpret_s8_u8(svand_n_u8_x(bytes, v, 0x0f)), hi = svreinterpret_s8_u8(svlsr_n_u8_x(bytes, v, 4));
+      svint8_t b_first = mmla_columns_first(lo, hi), b_second = mmla_columns_second(lo, hi);
       svint8_t a0 = mmla_rows(p.q + row_a[0] * p.k + kb, p.q + row_b[0] * p.k + kb);
       first0 = svmmla_s32(first0, a0, b_first);
       second0 = svmmla_s32(second0, a0, b_second);

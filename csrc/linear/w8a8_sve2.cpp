@@ -62,7 +62,7 @@ void rows_x_pass(const W8A8Problem& p, int64_t i0, int64_t t, int64_t h, int64_t
 
 // Row pairs (row_a[j], row_b[j]) x columns [hR, hR + R) of tile t with svmmla: (2 rows x 8 K) .
 // (2 columns x 8 K)^T per 128-bit segment. Packed K steps s and s + 1 together hold 8 K of every
-// column (mmla_columns). An odd last row is paired with itself and stored once.
+// column (mmla_columns_*). An odd last row is paired with itself and stored once.
 template <int PAIRS>
 void pairs_x_pass(const W8A8Problem& p, const int64_t* row_a, const int64_t* row_b, int64_t t, int64_t h,
                   int64_t per_pass) {
@@ -72,8 +72,8 @@ void pairs_x_pass(const W8A8Problem& p, const int64_t* row_a, const int64_t* row
   const svbool_t lanes = svwhilelt_b32(int64_t{0}, per_pass);
   svint32_t first0 = svdup_n_s32(0), second0 = svdup_n_s32(0), first1 = svdup_n_s32(0), second1 = svdup_n_s32(0);
   for (int64_t k = 0; k < p.k; k += 8, w += 64) {
-    svint8_t b_first, b_second;
-    mmla_columns(svld1_s8(bytes, w), svld1_s8(bytes, w + 32), b_first, b_second);
+    svint8_t s0 = svld1_s8(bytes, w), s1 = svld1_s8(bytes, w + 32);
+    svint8_t b_first = mmla_columns_first(s0, s1), b_second = mmla_columns_second(s0, s1);
     svint8_t a0 = mmla_rows(p.q + row_a[0] * p.k + k, p.q + row_b[0] * p.k + k);
     first0 = svmmla_s32(first0, a0, b_first);
     second0 = svmmla_s32(second0, a0, b_second);
