@@ -36,7 +36,15 @@ class DecoderLayer:
     def __init__(self, config: ModelConfig, tensors: CheckpointTensors, index: int, dtype: torch.dtype,
                  make_linear: LinearFactory):
         c = config
+        self._load_attention(c, tensors, index, dtype, make_linear)
+        mlp = f"model.layers.{index}.mlp"
+        self.gate_up_proj = make_linear(tensors, [f"{mlp}.gate_proj", f"{mlp}.up_proj"], c.hidden_size,
+                                        [c.intermediate_size, c.intermediate_size], c.mlp_bias)
+        self.down_proj = make_linear(tensors, [f"{mlp}.down_proj"], c.intermediate_size, [c.hidden_size], c.mlp_bias)
 
+    def _load_attention(self, c: ModelConfig, tensors: CheckpointTensors, index: int, dtype: torch.dtype,
+                        make_linear: LinearFactory) -> None:
+        """The norms around the attention block and its projections (shared with the MoE decoder layer)."""
         def norm(name: str, dim: int) -> RMSNorm:
             return RMSNorm(tensors.get(name, (dim,), dtype), c.rms_norm_eps)
 
@@ -52,18 +60,12 @@ class DecoderLayer:
         if c.qk_norm:
             self.q_norm = norm(f"{attn}.q_norm.weight", c.head_dim)
             self.k_norm = norm(f"{attn}.k_norm.weight", c.head_dim)
-        mlp = f"{p}.mlp"
-        self.gate_up_proj = make_linear(tensors, [f"{mlp}.gate_proj", f"{mlp}.up_proj"], c.hidden_size,
-                                        [c.intermediate_size, c.intermediate_size], c.mlp_bias)
-        self.down_proj = make_linear(tensors, [f"{mlp}.down_proj"], c.intermediate_size, [c.hidden_size], c.mlp_bias)
         self.q_size, self.kv_size = q_size, kv_size
         self.scale = c.head_dim ** -0.5
 
-    def __call__(self, step, delta, residual, cos, sin, cache: KVCache):
-        """residual: (T, hidden) stream, updated in place; delta: the previous layer's output to add
-        to it first (None for the first layer). Returns this layer's output, not yet added."""
+    def attention(self, step, x, cos, sin, cache: KVCache):
+        """x (T, hidden), normed -> the attention block's output (T, hidden), K/V of the new tokens cached."""
         c, ops, T = self.config, step.ops, step.tokens
-        x = self.input_norm(step, residual, T) if delta is None else self.input_norm.add_and_norm(step, delta, residual, T)
         qkv = self.qkv_proj(step, x, T)  # (T, q_size + 2 * kv_size)
         if c.qk_norm:  # Qwen3: q and k RMS-normalised per head before RoPE; v passes unchanged
             normed = step.empty(T, self.q_size + 2 * self.kv_size, dtype=qkv.dtype)
@@ -74,7 +76,14 @@ class DecoderLayer:
         ops.rope_write_kv(qkv, cos, sin, step.slot_mapping, q, cache.key, cache.value)
         out = step.empty(T, c.num_heads, c.head_dim, dtype=qkv.dtype)
         ops.paged_attention(q, cache.key, cache.value, *step.attention, step.block_size, self.scale, out)
-        attn = self.o_proj(step, out.view(T, self.q_size), T)
+        return self.o_proj(step, out.view(T, self.q_size), T)
+
+    def __call__(self, step, delta, residual, cos, sin, cache: KVCache):
+        """residual: (T, hidden) stream, updated in place; delta: the previous layer's output to add
+        to it first (None for the first layer). Returns this layer's output, not yet added."""
+        c, ops, T = self.config, step.ops, step.tokens
+        x = self.input_norm(step, residual, T) if delta is None else self.input_norm.add_and_norm(step, delta, residual, T)
+        attn = self.attention(step, x, cos, sin, cache)
         if c.residual_scale != 1.0:
             ops.mul_scalar(attn, c.residual_scale)
         gate_up = self.gate_up_proj(step, self.post_attention_norm.add_and_norm(step, attn, residual, T), T)

@@ -11,9 +11,8 @@ import torch
 
 from shrike.errors import ConfigError
 from shrike.layers.attention import KVCache
-from shrike.layers.norm import RMSNorm
 from shrike.model.config import ModelConfig
-from shrike.model.llama import CausalLM, LinearFactory
+from shrike.model.llama import CausalLM, DecoderLayer, LinearFactory
 from shrike.model.weights import CheckpointTensors
 from shrike.weight_formats import ExpertWeights
 
@@ -102,44 +101,22 @@ class DenseMlp:
         return self.down(step, act, rows)
 
 
-class MoeDecoderLayer:
+class MoeDecoderLayer(DecoderLayer):
+    """The Llama decoder layer's attention block, then a sparse MoE block (or a dense MLP)."""
+
     def __init__(self, c: ModelConfig, s: MoeSettings, tensors: CheckpointTensors, index: int, dtype: torch.dtype,
                  make_linear: LinearFactory, ops):
-        def norm(name: str, dim: int) -> RMSNorm:
-            return RMSNorm(tensors.get(name, (dim,), dtype), c.rms_norm_eps)
-
+        self._load_attention(c, tensors, index, dtype, make_linear)
         p = f"model.layers.{index}"
-        self.config = c
-        self.q_size, self.kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-        self.input_norm = norm(f"{p}.input_layernorm.weight", c.hidden_size)
-        self.post_attention_norm = norm(f"{p}.post_attention_layernorm.weight", c.hidden_size)
-        attn = f"{p}.self_attn"
-        self.qkv_proj = make_linear(tensors, [f"{attn}.q_proj", f"{attn}.k_proj", f"{attn}.v_proj"], c.hidden_size,
-                                    [self.q_size, self.kv_size, self.kv_size], c.attention_bias)
-        self.o_proj = make_linear(tensors, [f"{attn}.o_proj"], self.q_size, [c.hidden_size], False)
-        if c.qk_norm:
-            self.q_norm = norm(f"{attn}.q_norm.weight", c.head_dim)
-            self.k_norm = norm(f"{attn}.k_norm.weight", c.head_dim)
         self.mlp = SparseMoeBlock(c, s, tensors, f"{p}.{s.block}", dtype, make_linear, ops) if s.sparse_layers[index] \
             else DenseMlp(c, tensors, f"{p}.mlp", make_linear)
-        self.scale = c.head_dim ** -0.5
 
     def __call__(self, step, delta, residual, cos, sin, cache: KVCache):
         """As shrike.model.llama.DecoderLayer: residual (T, hidden) updated in place with `delta` first;
         returns this layer's output, not yet added."""
-        c, ops, T = self.config, step.ops, step.tokens
+        T = step.tokens
         x = self.input_norm(step, residual, T) if delta is None else self.input_norm.add_and_norm(step, delta, residual, T)
-        qkv = self.qkv_proj(step, x, T)  # (T, q_size + 2 * kv_size)
-        if c.qk_norm:
-            normed = step.empty(T, self.q_size + 2 * self.kv_size, dtype=qkv.dtype)
-            ops.head_rmsnorm(qkv, self.q_norm.weight, self.k_norm.weight, normed, c.num_heads, c.num_kv_heads,
-                             c.rms_norm_eps)
-            qkv = normed
-        q = step.empty(T, c.num_heads, c.head_dim, dtype=qkv.dtype)
-        ops.rope_write_kv(qkv, cos, sin, step.slot_mapping, q, cache.key, cache.value)
-        out = step.empty(T, c.num_heads, c.head_dim, dtype=qkv.dtype)
-        ops.paged_attention(q, cache.key, cache.value, *step.attention, step.block_size, self.scale, out)
-        attn = self.o_proj(step, out.view(T, self.q_size), T)
+        attn = self.attention(step, x, cos, sin, cache)
         return self.mlp(step, self.post_attention_norm.add_and_norm(step, attn, residual, T), T)
 
 
