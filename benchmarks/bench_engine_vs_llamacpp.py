@@ -50,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="default: the one benchmarks/build_peers.sh built ($SHRIKE_PEERS_DIR or ~/.cache/shrike-peers)")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--with-eager", action="store_true",
+                        help="also time Shrike's eager forward (op by op from Python) in the same rounds")
     parser.add_argument("--lm-head-quant", default="none", choices=["none", "int8"],
                         help="Shrike's lm_head: the checkpoint's precision (none) or int8 per vocabulary row")
     args = parser.parse_args(argv)
@@ -69,19 +71,26 @@ def main(argv: list[str] | None = None) -> int:
     def bandwidth() -> float:
         return bench_kernels.stream_read_gbs(1 << 30, 5)
 
-    engine = LLMEngine(EngineConfig(model=args.shrike_model, max_model_len=2048, max_num_seqs=1,
-                                    max_num_batched_tokens=PROMPT_TOKENS, kv_cache_space=0.5, enable_prefix_caching=False,
-                                    cpu_threads=args.threads, progress=False, lm_head_quant=args.lm_head_quant))
+    def make_engine(compiled: bool) -> LLMEngine:
+        return LLMEngine(EngineConfig(model=args.shrike_model, max_model_len=2048, max_num_seqs=1,
+                                      max_num_batched_tokens=PROMPT_TOKENS, kv_cache_space=0.5,
+                                      enable_prefix_caching=False, cpu_threads=args.threads, progress=False,
+                                      lm_head_quant=args.lm_head_quant, compiled_forward=compiled))
+
+    engine = make_engine(True)
+    engines = {"shrike": engine, **({"shrike-eager": make_engine(False)} if args.with_eager else {})}
     # Bytes a decode step reads: every matrix but the input embedding (one row of it), unless it is the head.
     weight_bytes = bench_serving.safetensors_bytes_per_token(Path(args.shrike_model))
     llama_bytes = bench_serving.gguf_bytes_per_token(Path(args.gguf))
     if args.lm_head_quant == "int8":  # the lm_head is read as int8 (1 byte per weight) instead of bf16 (2)
         weight_bytes -= engine.model_config.vocab_size * engine.model_config.hidden_size
-    shrike_run(engine)  # warm-up
+    for e in engines.values():
+        shrike_run(e)  # warm-up
     bw_before = bandwidth()
-    runs = {"shrike": [], "llama.cpp": []}
+    runs = {**{name: [] for name in engines}, "llama.cpp": []}
     for _ in range(args.reps):
-        runs["shrike"].append(shrike_run(engine))
+        for name, e in engines.items():
+            runs[name].append(shrike_run(e))
         runs["llama.cpp"].append(llama_bench(args.llama_bench, args.gguf, args.threads))
     bw_after = bandwidth()
     bw = min(bw_before, bw_after)
@@ -89,12 +98,17 @@ def main(argv: list[str] | None = None) -> int:
           f"Shrike {weight_bytes / 1e9:.3f} GB, llama.cpp {llama_bytes / 1e9:.3f} GB")
     print(f"{'engine':<12}{'prefill tok/s':>15}{'decode tok/s':>14}{'decode GB/s':>13}{'of read BW':>12}")
     medians = {}
-    for (name, samples), nbytes in zip(runs.items(), (weight_bytes, llama_bytes)):
+    for name, samples in runs.items():
+        nbytes = llama_bytes if name == "llama.cpp" else weight_bytes
         prefill, decode = statistics.median(s[0] for s in samples), statistics.median(s[1] for s in samples)
         medians[name] = (prefill, decode)
         print(f"{name:<12}{prefill:>15.1f}{decode:>14.2f}{decode * nbytes / 1e9:>13.1f}{decode * nbytes / 1e9 / bw:>11.0%}")
     (sp, sd), (lp, ld) = medians["shrike"], medians["llama.cpp"]
     print(f"Shrike / llama.cpp: prefill {sp / lp:.2f}x, decode {sd / ld:.2f}x")
+    if "shrike-eager" in medians:
+        ep, ed = medians["shrike-eager"]
+        print(f"Shrike executor / eager: prefill {sp / ep:.2f}x, decode {sd / ed:.2f}x; "
+              f"eager / llama.cpp: prefill {ep / lp:.2f}x, decode {ed / ld:.2f}x")
     for name, samples in runs.items():
         print(f"  {name} runs (prefill, decode): " + ", ".join(f"({p:.1f}, {d:.2f})" for p, d in samples))
     return 0
