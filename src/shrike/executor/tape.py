@@ -57,9 +57,6 @@ class Tape:
     ropes: list = field(default_factory=list)  # the RotaryEmbedding of each rope index
     output: Buffer | None = None  # the (LOGITS, vocab) float32 logits, or (LOGITS, hidden) final hidden states
 
-    def step_dependent(self, entry: TapeEntry) -> bool:
-        """Whether the op reads a step input directly (rather than only through buffers)."""
-        return entry.op == "gather_rows" or any(isinstance(a, StepInput) for a in (*entry.args, *entry.kwargs.values()))
 
 
 class RecordingOps:
