@@ -58,7 +58,6 @@ class Tape:
     output: Buffer | None = None  # the (LOGITS, vocab) float32 logits, or (LOGITS, hidden) final hidden states
 
 
-
 class RecordingOps:
     """Looks like the op table; each call is appended to the tape."""
 
