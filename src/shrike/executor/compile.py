@@ -85,7 +85,7 @@ class CompiledTape:
         for i, entry in enumerate(entries[:-1]):
             following, linear = entries[i + 1], linears.get(i + 1)
             if entry.op in _OUTPUT_ARGUMENT and self._builtin(entry.op) and linear is not None and linear.quantized_input \
-                    and following.args[0].id == _output_of(entry).id:
+                    and self._builtin(following.op) and following.args[0].id == _output_of(entry).id:
                 quantize_for[i], prequantized = linear, prequantized | {i + 1}
         begin = len(self.exe)
         for i, entry in enumerate(entries):
