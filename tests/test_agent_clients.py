@@ -144,29 +144,6 @@ def test_langchain_structured_output(server):
         assert isinstance(city, City) and city.name
 
 
-def test_openai_agents_runner_on_chat_completions(server):
-    from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
-
-    set_tracing_disabled(True)
-    calls: list[str] = []
-    model = OpenAIChatCompletionsModel(model=SERVED_NAME, openai_client=openai.AsyncOpenAI(
-        base_url=f"{server.base_url}/v1", api_key="none", max_retries=0))
-    # tool_choice resets to auto after the first call (the SDK's reset_tool_choice), so the loop ends.
-    agent = Agent(name="clock", instructions="Answer questions about time.", tools=[function_tool(_time_tool(calls))],
-                  model=model, model_settings=ModelSettings(tool_choice="required", temperature=0, max_tokens=60))
-
-    async def run() -> tuple[str, str]:
-        plain = await Runner.run(agent, QUESTION, max_turns=4)
-        streamed = Runner.run_streamed(agent, QUESTION, max_turns=4)
-        async for _ in streamed.stream_events():
-            pass
-        return plain.final_output, streamed.final_output
-
-    for answer in asyncio.run(run()):
-        assert "12:00" in answer
-    assert calls == ["UTC", "UTC"]
-
-
 def test_pydantic_ai_structured_output(server):
     from pydantic_ai import Agent, NativeOutput
     from pydantic_ai.models.openai import OpenAIChatModel
@@ -242,14 +219,17 @@ def test_json_schema_outputs_never_carry_undeclared_keys(backend_client):
             jsonschema.validate(json.loads(choice.message.content), _closed(schema))
 
 
-def test_openai_agents_runner_on_responses(server):
-    # OpenAIResponsesModel is the SDK's default model class: it speaks POST /v1/responses.
-    from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+@pytest.mark.parametrize("model_class", ["OpenAIResponsesModel", "OpenAIChatCompletionsModel"])
+def test_openai_agents_runner(server, model_class):
+    """OpenAIResponsesModel is the SDK's default model class (POST /v1/responses); the other speaks chat completions."""
+    import agents
+    from agents import Agent, ModelSettings, Runner, function_tool, set_tracing_disabled
 
     set_tracing_disabled(True)
     calls: list[str] = []
-    model = OpenAIResponsesModel(model=SERVED_NAME, openai_client=openai.AsyncOpenAI(
+    model = getattr(agents, model_class)(model=SERVED_NAME, openai_client=openai.AsyncOpenAI(
         base_url=f"{server.base_url}/v1", api_key="none", max_retries=0))
+    # tool_choice resets to auto after the first call (the SDK's reset_tool_choice), so the loop ends.
     agent = Agent(name="clock", instructions="Answer questions about time.", tools=[function_tool(_time_tool(calls))],
                   model=model, model_settings=ModelSettings(tool_choice="required", temperature=0, max_tokens=60))
 
