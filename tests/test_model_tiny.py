@@ -36,8 +36,13 @@ VARIANTS = {
 def _save_tiny(kind: str, directory, tokenizer_dir) -> transformers.PreTrainedModel:
     config_cls, model_cls, extra = VARIANTS[kind]
     torch.manual_seed(0)
-    model = model_cls(config_cls(**TINY, **extra)).eval()
-    with torch.no_grad():  # larger weights than the init default, so that logits are far from uniform
+    return save_random(model_cls(config_cls(**TINY, **extra)).eval(), directory, tokenizer_dir)
+
+
+def save_random(model: transformers.PreTrainedModel, directory, tokenizer_dir) -> transformers.PreTrainedModel:
+    """Saves `model` with its matrices redrawn larger than the init default (so that logits, and a MoE's
+    routing, are far from uniform) and the default model's tokenizer files beside it."""
+    with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 2:
                 p.normal_(0, 0.3)

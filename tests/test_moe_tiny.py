@@ -3,7 +3,6 @@ greedy text against transformers, the compiled forward against the eager one bit
 quantized experts), and the moe op itself: batch invariance, a row routed to every expert, router ties."""
 from __future__ import annotations
 
-import shutil
 
 import pytest
 import torch
@@ -21,7 +20,7 @@ from shrike.sampling.params import SamplingParams
 from shrike.weight_formats import ExpertWeights
 
 from test_executor import _assert_same_logits, _quantize
-from test_model_tiny import TOKENIZER_FILES
+from test_model_tiny import save_random
 
 TINY = dict(vocab_size=49152, hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
             max_position_embeddings=512)
@@ -39,15 +38,8 @@ VARIANTS = {
 def _save(kind: str, directory, tokenizer_dir) -> transformers.PreTrainedModel:
     config_cls, extra = VARIANTS[kind]
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config_cls(**TINY, **extra)).eval()
-    with torch.no_grad():  # larger weights than the init default, so that logits and routing are far from uniform
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0, 0.3)
-    model.save_pretrained(directory)
-    for name in TOKENIZER_FILES:
-        shutil.copy(tokenizer_dir / name, directory / name)
-    return model
+    return save_random(transformers.AutoModelForCausalLM.from_config(config_cls(**TINY, **extra)).eval(), directory,
+                       tokenizer_dir)
 
 
 @pytest.fixture(scope="module")
