@@ -3,6 +3,10 @@
 // rows, then combine. Expert linears are executor::Linear, so every weight format of the executor's format
 // table (dense bf16/fp32, W4A8, W8A8, W4A16/W8A16) runs experts through its own kernels.
 //
+// Work: each active expert is one task of the thread pool (gather its rows, gate_up, silu * up, down, all
+// on that thread), most rows first so the longest tasks start early; with fewer active experts than
+// threads (Mixtral decode) the experts run one after another, each linear spread over the pool.
+//
 // Batch-invariant: the linear kernels give a row the same bits whatever rows share the call, and each
 // row's outputs are summed in ascending expert order in float32, so a row's result does not depend on
 // which other rows are in the step.
@@ -20,9 +24,11 @@ struct Experts {
   std::vector<executor::Linear> down;     // per expert: (hidden, intermediate)
   int64_t top_k = 0;
   bool normalize = false;  // renormalise the top-k probabilities to sum to 1 (Mixtral; Qwen3-MoE norm_topk_prob)
+  // Qwen2-MoE: the last gate_up/down pair is a shared expert (of its own intermediate width) that every row
+  // runs, weighted by the sigmoid of the router's last logit (its shared_expert_gate as one more router row).
+  bool shared = false;
   int64_t hidden() const { return down.empty() ? 0 : down[0].n; }
-  int64_t intermediate() const { return down.empty() ? 0 : down[0].k; }
-  int64_t num_experts() const { return static_cast<int64_t>(down.size()); }
+  int64_t num_experts() const { return static_cast<int64_t>(down.size()) - (shared ? 1 : 0); }  // routed ones
 };
 
 // One row's routing: softmax over the router logits in float32 (max subtracted, exponentials summed in
@@ -31,20 +37,21 @@ struct Experts {
 void route_row(const float* logits, int64_t num_experts, int64_t top_k, bool normalize, int32_t* experts,
                float* weights);
 
-// Scratch memory the block reuses between calls (grown on demand).
+// Scratch memory the block reuses between calls (grown on demand); each worker thread has its own for
+// one expert's gathered rows and intermediates.
 struct Workspace {
   std::vector<int32_t> chosen;      // (rows, top_k) expert ids
   std::vector<float> weights;       // (rows, top_k) routing weights
   std::vector<int32_t> expert_rows; // rows grouped by expert, ascending row order within an expert
   std::vector<int64_t> expert_start;  // (num_experts + 1,) offsets into expert_rows
-  std::vector<float> row_weight;    // the routing weight of each entry of expert_rows
-  std::vector<uint8_t> x, gate_up, act;  // one expert's gathered rows and its intermediates
-  std::vector<float> y;             // one expert's down output, float32
-  std::vector<float> acc;           // (rows, hidden) float32 sums
+  std::vector<int64_t> entry_of;    // (rows, top_k) where each chosen expert's output lands in y
+  std::vector<int32_t> order;       // active experts, most rows first (the order they are handed out)
+  std::vector<float> y;             // (rows * top_k, hidden) float32 expert outputs, grouped by expert
 };
 
 // out (rows, hidden) = sum over each row's top-k experts of weight * down(silu(gate) * up)(x row).
-// x: (rows, hidden) activations of dtype dt; router_logits: (rows, num_experts) float32.
+// (+ sigmoid(shared logit) * shared expert(x row) with a shared expert, summed last.)
+// x: (rows, hidden) activations of dtype dt; router_logits: (rows, num_experts + shared) float32.
 void forward(const Experts& experts, const void* x, const float* router_logits, int64_t rows, void* out, DType dt,
              Workspace& ws);
 
