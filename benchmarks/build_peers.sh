@@ -1,12 +1,21 @@
 #!/usr/bin/env bash
 # Builds the engines Shrike is compared with, outside the repository, into one cache directory:
 #   llama.cpp (llama-bench, llama-server, llama-quantize) from the llama-cpp-python sdist, native flags;
-#   optionally vLLM's CPU build in its own venv (`--vllm`).
-# Usage: bash benchmarks/build_peers.sh [--vllm] [PEERS_DIR]   (default PEERS_DIR: $SHRIKE_PEERS_DIR or
-# ~/.cache/shrike-peers). Idempotent: what is already built is kept. Prints the paths at the end.
+#   optionally vLLM's CPU build in its own venv (`--vllm`);
+#   optionally ik_llama.cpp (llama-bench, llama-server) from a source tree of its public repository
+#   (`--ik-llama SRC_DIR`, e.g. a `git archive` of github.com/ikawrakow/ik_llama.cpp), native flags.
+# Usage: bash benchmarks/build_peers.sh [--vllm] [--ik-llama SRC_DIR] [PEERS_DIR]   (default PEERS_DIR:
+# $SHRIKE_PEERS_DIR or ~/.cache/shrike-peers). Idempotent: what is already built is kept. Prints the paths at the end.
 set -euo pipefail
 WITH_VLLM=0
-if [ "${1:-}" = "--vllm" ]; then WITH_VLLM=1; shift; fi
+IK_SRC=
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --vllm) WITH_VLLM=1; shift ;;
+    --ik-llama) IK_SRC=$(realpath "${2:?--ik-llama needs the source directory}"); shift 2 ;;
+    *) break ;;
+  esac
+done
 PEERS=${1:-${SHRIKE_PEERS_DIR:-$HOME/.cache/shrike-peers}}
 mkdir -p "$PEERS/src"
 PY=${PYTHON:-python3}
@@ -31,6 +40,19 @@ if [ ! -x "$PEERS/llama.cpp/bin/llama-bench" ]; then
   nice cmake --build "$PEERS/llama-build" --target llama-bench llama-server llama-quantize -j "$(nproc)"
   mkdir -p "$PEERS/llama.cpp"
   rm -rf "$PEERS/llama.cpp/bin" && cp -r "$PEERS/llama-build/bin" "$PEERS/llama.cpp/bin"
+fi
+
+if [ -n "$IK_SRC" ] && [ ! -x "$PEERS/ik-build/bin/llama-bench" ]; then
+  [ -f "$IK_SRC/ggml/src/iqk/iqk_mul_mat.cpp" ] || { echo "build_peers: $IK_SRC is not an ik_llama.cpp source tree" >&2; exit 2; }
+  # The server embeds its web pages; a source archive without them (LFS, partial mirrors) still builds.
+  for page in examples/server/public_llamacpp/index_llamacpp.html examples/server/webui/dist/index.html; do
+    [ -e "$IK_SRC/$page" ] || { mkdir -p "$(dirname "$IK_SRC/$page")"; : > "$IK_SRC/$page"; }
+  done
+  # ik_llama.cpp has no AMX path of its own, so the native build is safe on the AMX machines (see above).
+  # Flash-attention kernels for the usual cache types only (ALL_QUANTS multiplies the build time).
+  cmake -S "$IK_SRC" -B "$PEERS/ik-build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DGGML_IQK_FA_ALL_QUANTS=OFF -DLLAMA_CURL=OFF \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_SERVER=ON
+  nice cmake --build "$PEERS/ik-build" --target llama-bench llama-server -j "$(nproc)"
 fi
 
 if [ "$WITH_VLLM" = 1 ] && [ ! -x "$PEERS/vllm-venv/bin/python" ]; then
@@ -62,5 +84,6 @@ PY
 fi
 
 echo "llama.cpp: $PEERS/llama.cpp/bin"
+[ -n "$IK_SRC" ] && echo "ik_llama.cpp: $PEERS/ik-build/bin (llama-bench -rtr 1 -fmoe 1 for MoE)"
 [ "$WITH_VLLM" = 1 ] && echo "vllm python: $PEERS/vllm-venv/bin/python"
 exit 0

@@ -156,3 +156,45 @@ def test_quantized_checkpoint_is_refused(export_gguf, tmp_path, capsys):
               directory / "model.safetensors")
     assert export_gguf.main([str(directory), str(tmp_path / "out.gguf")]) == 2
     assert "only unquantized checkpoints export" in capsys.readouterr().err
+
+
+def test_qwen3moe_int4_export_is_the_same_weights_as_q4_0(export_gguf, tmp_path):
+    """A W4A8-G128 Qwen3-MoE checkpoint written by `shrike synth` exports to Q4_0 blocks that dequantize
+    (by the gguf package, as llama.cpp does) to exactly the checkpoint's int4 values times its scales; the
+    experts of a layer are merged into one (experts, N, K) tensor and the router stays BF16."""
+    from gguf import dequantize
+    from safetensors import safe_open
+
+    from shrike.quantization.compressed_tensors_format import unpack_int
+    from shrike.synth import synthesize
+
+    synthesize(tmp_path / "moe", "tiny-moe", "w4a8-g128", progress=False)
+    config = json.loads((tmp_path / "moe" / "config.json").read_text())
+    out = tmp_path / "moe.gguf"
+    assert export_gguf.main([str(tmp_path / "moe"), str(out), "--dtype", "q4_0", "--output-type", "q8_0"]) == 0
+
+    reader = GGUFReader(out)
+    assert _field(reader, "general.architecture") == "qwen3moe"
+    assert _field(reader, "qwen3moe.expert_count") == config["num_experts"]
+    assert _field(reader, "qwen3moe.expert_used_count") == config["num_experts_per_tok"]
+    assert _field(reader, "qwen3moe.expert_feed_forward_length") == config["moe_intermediate_size"]
+    tensors = {t.name: t for t in reader.tensors}
+    assert tensors["output.weight"].tensor_type == GGMLQuantizationType.Q8_0
+    assert tensors["blk.0.ffn_gate_inp.weight"].tensor_type == GGMLQuantizationType.BF16
+    assert tensors["blk.0.attn_q_norm.weight"].tensor_type == GGMLQuantizationType.F32
+    down = tensors["blk.1.ffn_down_exps.weight"]
+    assert down.tensor_type == GGMLQuantizationType.Q4_0
+    experts, hidden, inter = config["num_experts"], config["hidden_size"], config["moe_intermediate_size"]
+    assert tuple(reversed(down.shape.tolist())) == (experts, hidden, inter)
+
+    merged = dequantize(np.asarray(down.data), down.tensor_type).reshape(experts, hidden, inter)
+    q = dequantize(np.asarray(tensors["blk.0.attn_q.weight"].data), GGMLQuantizationType.Q4_0)
+    with safe_open(tmp_path / "moe" / "model.safetensors", framework="pt") as handle:
+        def weight(prefix: str, k: int) -> np.ndarray:
+            values = unpack_int(handle.get_tensor(f"{prefix}.weight_packed"), 4, k).float()
+            scales = handle.get_tensor(f"{prefix}.weight_scale").float()
+            return (values * scales.repeat_interleave(k // scales.shape[1], dim=1)).numpy()
+
+        for e in (0, experts - 1):
+            assert np.array_equal(merged[e], weight(f"model.layers.1.mlp.experts.{e}.down_proj", inter))
+        assert np.array_equal(q.reshape(-1, hidden), weight("model.layers.0.self_attn.q_proj", hidden))
