@@ -8,7 +8,9 @@ prompt (its time to first token), batch-1 decode tokens/s over 32 greedy tokens,
 tokens/s of 8 concurrent streams (each 32 tokens after its prompt), and the process CPU time per prefill
 and per decoded token. With `--threads 1` the CPU times are the work itself, little moved by whatever else
 runs on the machine (with more threads they include the pool's spinning). Prints per-sample figures,
-medians and the ratio this tree / baseline. A benchmark, not a test: quote it with the machine and load.
+medians and the ratio this tree / baseline, and the rate batch-1 decode reads weights at (bytes per token x
+tokens/s) next to the read bandwidth measured before and after (benchmarks/read_probe.py, best method).
+A benchmark, not a test: quote it with the machine and load.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 PROMPT_TOKENS, DECODE_TOKENS, STREAMS = 512, 32, 8
 
@@ -85,6 +88,12 @@ def main() -> None:
     args = p.parse_args()
     if args.child:
         return child(args.model, args.threads)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_serving import safetensors_bytes_per_token
+    from read_probe import ReadProbe
+    probe = ReadProbe(max_threads=args.threads)
+    probe.sweep()
+    bandwidth = [probe.gb_per_s()]
     samples: dict[str, list[dict]] = {"this": [], "baseline": []}
     for rep in range(args.reps):
         order = [("this", None), ("baseline", args.baseline_src)]
@@ -92,11 +101,19 @@ def main() -> None:
             s = sample(args.model, src, args.threads)
             samples[name].append(s)
             print(f"rep {rep} {name:<8} " + "  ".join(f"{k} {v:.2f}" for k, v in s.items()), flush=True)
+    bandwidth.append(probe.gb_per_s())
     print("medians:")
     for key in samples["this"][0]:
         a, b = (statistics.median(x[key] for x in samples[n]) for n in ("this", "baseline"))
         print(f"  {key:<15} this {a:8.2f}  baseline {b:8.2f}  ratio {a / b:.3f}")
-    print(json.dumps({"model": args.model, "samples": samples}))
+    weight_gb = safetensors_bytes_per_token(Path(args.model)) / 1e9
+    roofline = max(bandwidth)
+    print(f"read bandwidth {bandwidth[0]:.1f} -> {bandwidth[1]:.1f} GB/s ({probe.describe()}); "
+          f"{weight_gb:.3f} GB read per decoded token")
+    for name in samples:
+        rate = statistics.median(x["decode_tok_s"] for x in samples[name]) * weight_gb
+        print(f"  {name:<8} batch-1 decode reads {rate:5.1f} GB/s, {rate / roofline:.0%} of the probe")
+    print(json.dumps({"model": args.model, "samples": samples, "read_gb_per_s": bandwidth}))
 
 
 if __name__ == "__main__":

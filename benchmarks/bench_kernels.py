@@ -2,7 +2,7 @@
 
 M = 1 (decode): effective weight-read bandwidth of W4A8-G128 and W8A8 GEMV, cycling through at
 least ``--gb`` GB of distinct packed weights so the last-level cache cannot serve them, next to
-a STREAM-like read of an equally large buffer on the same thread pool.
+the best read of an equally large buffer on the same thread pool (benchmarks/read_probe.py).
 M > 1 (``--m``, prefill): GOP/s (2 M N K / time) of W4A8-G128 and W8A8 next to torch fp32 and
 bf16 matmul on the same shapes, torch limited to the same thread count.
 Dense (the built-in ``dense_linear`` op, bf16 weights in the form the engine loads them: AMX tiles
@@ -22,13 +22,18 @@ import json
 import math
 import platform
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-from shrike import _C, kernels
+from shrike import kernels
 from shrike.ops import weight_for_op
 from shrike.ops import dense_linear_kernel
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from read_probe import ReadProbe  # noqa: E402 - beside this file, which `shrike bench` loads by path
 
 SHAPES = {"qkv": (2560, 2048), "o": (2048, 2048), "gate_up": (12288, 2048), "down": (2048, 6144)}
 LM_HEADS = {"minicpm5-2b": (130560, 2048), "smollm2": (49152, 576)}
@@ -49,9 +54,7 @@ def median_seconds(fn, reps: int) -> float:
 
 
 def stream_read_gbs(nbytes: int, reps: int) -> float:
-    buffer = torch.ones(nbytes, dtype=torch.uint8)
-    seconds = median_seconds(lambda: _C.read_bandwidth_probe(buffer), reps)
-    return nbytes / seconds / 1e9
+    return ReadProbe(nbytes / (1 << 30), max_threads=kernels.get_threads()).gb_per_s(reps)
 
 
 def decode_gbs(weight, nbytes_target: int, reps: int) -> tuple[float, float]:
@@ -75,7 +78,8 @@ def dense_decode(n: int, k: int, nbytes_target: int, reps: int) -> dict[str, dic
     first = torch.empty(n, k, dtype=torch.bfloat16).normal_(0, 0.05, generator=gen)
     copies = max(2, math.ceil(nbytes_target / first.nbytes))
     weights = [weight_for_op(w, dense_linear_kernel) for w in [first] + [first.clone() for _ in range(copies - 1)]]
-    probe = torch.ones(first.nbytes * copies, dtype=torch.uint8)
+    probe = ReadProbe(first.nbytes * copies / (1 << 30), max_threads=kernels.get_threads())
+    probe.sweep(1)
     results = {}
     for m in DENSE_M:
         x = torch.randn(m, k).bfloat16()
@@ -87,9 +91,7 @@ def dense_decode(n: int, k: int, nbytes_target: int, reps: int) -> dict[str, dic
             for w in weights:
                 dense_linear_kernel(x, w, None, out)
             gemv.append(first.nbytes * copies / (time.perf_counter() - start) / 1e9)
-            start = time.perf_counter()
-            _C.read_bandwidth_probe(probe)
-            read.append(probe.numel() / (time.perf_counter() - start) / 1e9)
+            read.append(probe.gb_per_s(reps=1))
         g, r = statistics.median(gemv), statistics.median(read)
         results[f"M={m}"] = {"gbs": g, "read_gbs": r, "ratio": g / r}
     return results
@@ -168,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     lm_heads = {name: LM_HEADS[name] for name in args.lm_heads.split(",") if name}
 
     stream = stream_read_gbs(target, args.reps)
-    print(f"variants {', '.join(isas)}, {args.threads} threads, STREAM-like read {stream:.1f} GB/s "
+    print(f"variants {', '.join(isas)}, {args.threads} threads, best read {stream:.1f} GB/s "
           f"({args.gb:g} GB buffer, median of {args.reps}; {'CPU' if args.cpu_time else 'wall-clock'} time)")
     results = {"isas": isas, "threads": args.threads, "cpu_time": args.cpu_time, "machine": platform.machine(), "stream_read_gbs": stream,
                "decode": {isa: {} for isa in isas}, "prefill": {isa: {} for isa in isas}, "torch": {}}

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-from shrike import _C, kernels
+from shrike import kernels
 from shrike.ops import dense_linear_kernel, moe_kernel, weight_for_op
 from shrike.weight_formats import ExpertWeights
 
@@ -51,11 +53,6 @@ def _median(fn, reps: int) -> float:
     return statistics.median(times)
 
 
-def _read_gbs(reps: int) -> float:
-    buffer = torch.ones(1 << 30, dtype=torch.uint8)
-    return buffer.numel() / _median(lambda: _C.read_bandwidth_probe(buffer), reps) / 1e9
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--format", default="w4a8-g128", choices=["w4a8-g128", "w8a8", "bf16"])
@@ -66,7 +63,11 @@ def main(argv: list[str] | None = None) -> int:
     kernels.set_threads(args.threads)
     gen = torch.Generator().manual_seed(0)
     layers = [_layer(args.format, gen) for _ in range(args.layers)]
-    before = _read_gbs(args.reps)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from read_probe import ReadProbe
+    probe = ReadProbe(max_threads=args.threads)
+    probe.sweep()
+    before = probe.gb_per_s(args.reps)
     x1, x512 = (torch.randn(rows, HIDDEN, generator=gen).bfloat16() for rows in (1, 512))
     out1, out512 = torch.empty_like(x1), torch.empty_like(x512)
     # Each decode token picks its 8 experts at random; every layer's experts are read once per cycle.
@@ -79,15 +80,15 @@ def main(argv: list[str] | None = None) -> int:
 
     decode_s = _median(decode, args.reps) / len(layers)
     prefill_s = _median(lambda: moe_kernel(x512, logits512, layers[0], out512, ACTIVE, True), max(3, args.reps // 3))
-    after = _read_gbs(args.reps)
+    after = probe.gb_per_s(args.reps)
     expert_bytes = _bytes(layers[0].gate_up[0]) + _bytes(layers[0].down[0])
     active = ACTIVE * expert_bytes
     gbs = active / decode_s / 1e9
     print(f"moe op, Qwen3-30B-A3B layer ({EXPERTS} experts, {ACTIVE} active, {HIDDEN}x{INTER}), {args.format}, "
           f"{args.threads} threads, kernels {kernels.active_isa()}, medians of {args.reps}")
-    print(f"  STREAM-like read before / after: {before:.1f} / {after:.1f} GB/s")
+    print(f"  read probe before / after: {before:.1f} / {after:.1f} GB/s ({probe.describe()})")
     print(f"  decode, 1 token: {decode_s * 1e3:.3f} ms per layer, {active / 1e6:.1f} MB of experts read, "
-          f"{gbs:.1f} GB/s = {100 * gbs / ((before + after) / 2):.0f}% of the read bandwidth")
+          f"{gbs:.1f} GB/s = {100 * gbs / max(before, after):.0f}% of the read probe")
     print(f"  prefill, 512 tokens: {prefill_s * 1e3:.1f} ms per layer, {512 / prefill_s:.0f} tokens/s per layer")
     return 0
 

@@ -3,12 +3,13 @@
 Each engine's own OpenAI-compatible server is started on 127.0.0.1 with the same thread count, and one
 httpx client sends all of them the same prompts with the same output lengths. Engines take turns,
 one server at a time, because the machine's memory bandwidth drifts within the hour: every round
-restarts each engine in rotated order and measures read bandwidth right before and after it.
+restarts each engine in rotated order and measures read bandwidth right before and after it (the best
+method of benchmarks/read_probe.py's sweep, run once at the start).
 
 Per engine: start-to-ready time, prefill tokens/s (512-token prompt, max_tokens=1), time to first
 token (short prompt, streamed), batch-1 decode tokens/s (streamed), aggregate generated tokens/s
-with 1, 4, 8 and 16 concurrent streams, and decode speed as a fraction of the bandwidth limit
-(weight bytes read per token / measured read bandwidth). Results: JSON plus a PNG chart.
+with 1, 4, 8 and 16 concurrent streams, and the bandwidth decode reads weights at (weight bytes read per
+token x decode tokens/s) with its share of the measured read bandwidth. Results: JSON plus a PNG chart.
 
     python benchmarks/bench_serving.py --quick                       # SmolLM2-135M, bf16 pair
     python benchmarks/bench_serving.py --formats bf16,q8,q4 --quick  # plus the quantized pairs
@@ -29,7 +30,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -85,33 +85,6 @@ class EngineSetup:
     weight_bytes_per_token: int
     # Extra request fields that make the engine generate exactly max_tokens tokens
     fixed_length_fields: dict = field(default_factory=dict)
-
-
-# ---------------------------------------------------------------- memory bandwidth
-
-class ReadBandwidth:
-    """STREAM-like read bandwidth: threads summing disjoint slices of one large array (numpy frees the GIL)."""
-
-    def __init__(self, megabytes: int = 512):
-        import numpy as np
-        self._array = np.ones(megabytes * (1 << 20) // 8, dtype=np.float64)
-
-    def gb_per_s(self, threads: int, repeats: int = 5) -> float:
-        slices = self._split(threads)
-        best = float("inf")
-        for _ in range(repeats):
-            workers = [threading.Thread(target=part.sum) for part in slices]
-            start = time.perf_counter()
-            for worker in workers:
-                worker.start()
-            for worker in workers:
-                worker.join()
-            best = min(best, time.perf_counter() - start)
-        return self._array.nbytes / best / 1e9
-
-    def _split(self, parts: int):
-        step = len(self._array) // parts
-        return [self._array[i * step:(i + 1) * step] for i in range(parts)]
 
 
 # ---------------------------------------------------------------- other work on the machine
@@ -221,26 +194,37 @@ class PromptMaker:
 # ---------------------------------------------------------------- weight bytes
 
 def gguf_bytes_per_token(path: Path) -> int:
-    """Bytes of every matrix a decode step reads: all tensors but the input embedding, unless it is the head too."""
+    """Bytes of every matrix a decode step reads: all tensors but the input embedding, unless it is the head too;
+    of a MoE layer's merged experts (`*_exps`) only the share a token uses (expert_used_count / expert_count)."""
     from gguf import GGUFReader
-    tensors = {tensor.name: int(tensor.n_bytes) for tensor in GGUFReader(path).tensors}
+    reader = GGUFReader(path)
+    tensors = {tensor.name: int(tensor.n_bytes) for tensor in reader.tensors}
     if "output.weight" in tensors:
         tensors.pop("token_embd.weight", None)
-    return sum(tensors.values())
+    counts = {key.rsplit(".", 1)[1]: reader.fields[key].contents() for key in reader.fields
+              if key.endswith((".expert_count", ".expert_used_count"))}
+    active = counts["expert_used_count"] / counts["expert_count"] if counts else 1.0
+    return round(sum(size * (active if name.endswith("_exps.weight") else 1) for name, size in tensors.items()))
 
 
 def safetensors_bytes_per_token(model_dir: Path) -> int:
+    """As gguf_bytes_per_token for a Hugging Face checkpoint: experts (`.experts.{e}.`) count by the share of
+    them a token uses (num_experts_per_tok / num_experts in config.json)."""
     from safetensors import safe_open
+    config = json.loads((model_dir / "config.json").read_text())
+    experts = config.get("num_experts") or config.get("num_local_experts")
+    active = config["num_experts_per_tok"] / experts if experts else 1.0
     sizes = {}
     for file in model_dir.glob("*.safetensors"):
         with safe_open(file, framework="pt") as handle:
             for name in handle.keys():
                 tensor_slice = handle.get_slice(name)
                 shape = tensor_slice.get_shape()
-                sizes[name] = _dtype_bytes(tensor_slice.get_dtype()) * _product(shape)
+                share = active if ".experts." in name else 1
+                sizes[name] = _dtype_bytes(tensor_slice.get_dtype()) * _product(shape) * share
     if any(name.startswith("lm_head.") for name in sizes):
         sizes = {name: size for name, size in sizes.items() if not name.startswith("model.embed_tokens.")}
-    return sum(sizes.values())
+    return round(sum(sizes.values()))
 
 
 def _dtype_bytes(dtype: str) -> float:
@@ -438,11 +422,11 @@ async def measure_server(server: RunningServer, http, prompts: PromptMaker, load
 
 
 async def run_session(setup: EngineSetup, round_index: int, prompts: PromptMaker, load: Workload,
-                      bandwidth: ReadBandwidth, threads: int, log_dir: Path, quiet: QuietMachine,
+                      bandwidth: "ReadProbe", threads: int, log_dir: Path, quiet: QuietMachine,
                       session_timeout_s: float) -> SessionResult:
     import httpx
     other_cores_before = quiet.wait()
-    result = SessionResult(setup.label, round_index, bandwidth.gb_per_s(threads), other_cores_before=other_cores_before)
+    result = SessionResult(setup.label, round_index, bandwidth.gb_per_s(), other_cores_before=other_cores_before)
     log_path = log_dir / f"{setup.label.replace(' ', '_')}-round{round_index}.log"
     # A new connection per request: llama-server (cpp-httplib) closes a kept-alive connection after a few
     # requests, and a request sent on it just then fails with "Server disconnected without sending a response"
@@ -455,7 +439,7 @@ async def run_session(setup: EngineSetup, round_index: int, prompts: PromptMaker
             result.other_cores_during = usage_at_start.other_cores_since(server.process.pid)
         finally:
             server.stop()
-    result.bandwidth_after_gbs = bandwidth.gb_per_s(threads)
+    result.bandwidth_after_gbs = bandwidth.gb_per_s()
     return result
 
 
@@ -629,6 +613,8 @@ def summarize(setup: EngineSetup, sessions: list[SessionResult]) -> dict:
         "prefill_prompt_tokens": sorted(set(pooled("prefill_prompt_tokens"))),
         "ttft_s": median_or_none(pooled("ttft_s")),
         "decode_tok_s": median_or_none(pooled("decode_tok_s")),
+        "decode_weight_gb_per_s": median_or_none([statistics.median(s.decode_tok_s) * setup.weight_bytes_per_token / 1e9
+                                                  for s in sessions if s.decode_tok_s]),
         "decode_fraction_of_bandwidth_limit": median_or_none(fractions),
         "streams_tok_s": {str(count): median_or_none([v for s in sessions for v in s.streams_tok_s.get(count, [])])
                           for count in counts},
@@ -640,7 +626,7 @@ def summarize(setup: EngineSetup, sessions: list[SessionResult]) -> dict:
 
 
 def print_table(results: dict) -> None:
-    columns = ["engine", "start s", "prefill tok/s", "TTFT ms", "decode tok/s", "of BW limit"]
+    columns = ["engine", "start s", "prefill tok/s", "TTFT ms", "decode tok/s", "decode GB/s", "of probe"]
     counts = sorted({int(c) for fmt in results["formats"].values() for e in fmt.values() for c in e["streams_tok_s"]})
     columns += [f"{count} str tok/s" for count in counts] + ["others' cores"]
     print(_markdown_row(columns))
@@ -649,6 +635,7 @@ def print_table(results: dict) -> None:
         for label, summary in engines.items():
             row = [f"{label} [{fmt}]", _fmt(summary["start_to_ready_s"], 2), _fmt(summary["prefill_tok_s"], 0),
                    _fmt(summary["ttft_s"] and summary["ttft_s"] * 1000, 0), _fmt(summary["decode_tok_s"], 1),
+                   _fmt(summary["decode_weight_gb_per_s"], 1),
                    _fmt(summary["decode_fraction_of_bandwidth_limit"] and
                         summary["decode_fraction_of_bandwidth_limit"] * 100, 0) + "%"]
             row += [_fmt(summary["streams_tok_s"].get(str(count)), 1) for count in counts]
@@ -767,7 +754,7 @@ def check_peers_present(setups: list[EngineSetup]) -> list[EngineSetup]:
     return present
 
 
-def run_format(setups: list[EngineSetup], load: Workload, prompts: PromptMaker, bandwidth: ReadBandwidth,
+def run_format(setups: list[EngineSetup], load: Workload, prompts: PromptMaker, bandwidth: "ReadProbe",
                threads: int, log_dir: Path, quiet: QuietMachine,
                session_timeout_s: float) -> dict[str, list[SessionResult]]:
     """Every engine once per round, the starting engine rotating so none always runs first."""
@@ -813,17 +800,20 @@ def run_benchmark(args: argparse.Namespace, argv: list[str] | None) -> int:
         load = Workload(**(asdict(load) | {"rounds": args.rounds}))
     peers = peer_paths(args)
     peers.work_dir.mkdir(parents=True, exist_ok=True)
-    sys.path.insert(0, str(Path(__file__).resolve().parent))  # export_gguf beside this file
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # export_gguf and read_probe beside this file
+    from read_probe import ReadProbe
 
     source = model_source(args.model, peers.work_dir)
     prompts = PromptMaker(source.bf16_dir / "tokenizer.json")
-    bandwidth = ReadBandwidth()
+    bandwidth = ReadProbe(max_threads=args.threads)
+    sweep = bandwidth.sweep()
+    print(f"read probe: best {sweep[0]['gb_per_s']:.1f} GB/s ({bandwidth.describe()})", flush=True)
     log_dir = Path(tempfile.mkdtemp(prefix="bench-logs-", dir=peers.work_dir))
     started = datetime.now(timezone.utc)
     results = {"model": source.name, "mode": "quick" if args.quick else "full", "threads": args.threads,
                "command": [sys.argv[0], *(argv if argv is not None else sys.argv[1:])],
                "started_utc": started.isoformat(timespec="seconds"), "machine": machine_facts(),
-               "workload": asdict(load), "bandwidth_1_thread_gbs_at_start": bandwidth.gb_per_s(1),
+               "workload": asdict(load), "read_probe_sweep": sweep,
                "skipped": [], "formats": {}}
     results["server_logs"] = str(log_dir)
     json_path = args.out or RESULTS_DIR / f"serving-{source.name}-{started:%Y%m%d-%H%M}.json"

@@ -219,11 +219,21 @@ void bind_linear(nb::module_& m) {
   m.def("set_threads", &set_threads, nb::arg("n"), nb::arg("cpus"));
   m.def("num_threads", &shrike::runtime::num_threads);
   m.def("usable_cpus", &shrike::runtime::usable_cpus);
-  m.def("read_bandwidth_probe", [](const Array& buffer) {
+  m.def("read_bandwidth_probe", [](const Array& buffer, const std::string& width, const std::string& pattern,
+                                   int threads) {
     if (!contiguous(buffer)) throw nb::value_error("buffer must be contiguous");
+    shrike::runtime::ReadMethod method{shrike::runtime::parse_read_width(width),
+                                       shrike::runtime::parse_read_pattern(pattern), threads};
     size_t bytes = buffer.nbytes();
     const void* data = buffer.data();
     nb::gil_scoped_release release;
-    return shrike::runtime::read_bandwidth_probe(data, bytes);
-  }, nb::arg("buffer"), "Reads the whole buffer on the kernel thread pool (STREAM-like read bandwidth).");
+    return shrike::runtime::read_bandwidth_probe(data, bytes, method);
+  }, nb::arg("buffer"), nb::arg("width"), nb::arg("pattern"), nb::arg("threads"),
+        "Reads the whole buffer with one load width (read_widths()), pattern (chunks, slices, streams4) and "
+        "thread count on the kernel thread pool; returns a checksum. Time it for read bandwidth.");
+  m.def("read_widths", [] {
+    std::vector<std::string> names;
+    for (auto w : shrike::runtime::read_widths_available()) names.push_back(shrike::runtime::read_width_name(w));
+    return names;
+  }, "Load widths the read-bandwidth probe can use on this CPU, narrowest first.");
 }
