@@ -74,5 +74,6 @@ NB_MODULE(_C, m) {
   bind_executor(m);
   bind_dense(m);
   bind_weight_only(m);
+  bind_grouped(m);
   m.def("rmsnorm", &rmsnorm, nb::arg("x"), nb::arg("weight"), nb::arg("out").noconvert(), nb::arg("eps"));
 }

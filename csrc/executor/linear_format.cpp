@@ -51,12 +51,17 @@ void weight_only_run(const Linear& l, const void* x, DType xt, int64_t rows, voi
   weight_only_linear(x, xt, rows, l.weight_only, l.bias, out, ot);
 }
 
+void grouped_run(const Linear& l, const void* x, DType xt, int64_t rows, void* out, DType ot) {
+  grouped_linear(x, xt, rows, l.grouped, l.bias, out, ot);
+}
+
 // Indexed by LinearKind.
 const LinearFormat kFormats[] = {
     {"w4a8", true, w4a8_run, w4a8_quantize_row, w4a8_run_quantized},
     {"w8a8", true, w8a8_run, w8a8_quantize_row, w8a8_run_quantized},
     {"dense", false, dense_run, nullptr, nullptr},
     {"weight_only", false, weight_only_run, nullptr, nullptr},
+    {"grouped", false, grouped_run, nullptr, nullptr},
 };
 
 }  // namespace

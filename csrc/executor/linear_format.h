@@ -8,11 +8,12 @@
 
 #include "common/dtype.h"
 #include "dense/dense.h"
+#include "grouped_linear/grouped_linear.h"
 #include "weight_only/weight_only.h"
 
 namespace shrike::executor {
 
-enum class LinearKind { w4a8, w8a8, dense, weight_only };
+enum class LinearKind { w4a8, w8a8, dense, weight_only, grouped };
 
 struct Linear {
   LinearKind kind = LinearKind::dense;
@@ -23,6 +24,7 @@ struct Linear {
   const float* bias = nullptr;  // (n,) or null
   int64_t n = 0, k = 0, group = 0;  // group: w4a8 only
   WeightOnlyWeight weight_only;  // weight_only only (W4A16 / W8A16)
+  GroupedWeight grouped;  // grouped only (GGUF quant blocks)
 };
 
 // Activations quantized by a producer op for the quantized linear right after it (the executor's

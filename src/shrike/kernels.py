@@ -23,6 +23,7 @@ __all__ = [
     "W4A8Weight",
     "W8A8Weight",
     "WeightOnlyWeight",
+    "GroupedWeight",
     "DenseTileWeight",
     "linear",
     "quantize_activations",
@@ -292,6 +293,49 @@ class WeightOnlyWeight:
 
     def __repr__(self) -> str:
         return f"WeightOnlyWeight(bits={self.bits}, N={self.n}, K={self.k}, group_size={self.group_size})"
+
+
+class GroupedWeight:
+    """Weights [N, K] kept as a GGUF file's quant blocks (shrike.convert.gguf_blocks): int8 values (or 4-bit
+    ones in 0..15) with a float32 scale and optionally a float32 min per ``group_size`` (16 or 32) consecutive
+    K of a row, W[c, j] = scale[c, g] * values[c, j] - min[c, g]; run against int8 activations quantized per
+    32 K (csrc/grouped_linear/grouped_linear.h)."""
+
+    def __init__(self, packed: torch.Tensor, n: int, k: int, group_size: int, bits: int, has_min: bool):
+        packed = _check_tensor(packed, "packed")
+        expected = _C.grouped_packed_bytes(n, k, group_size, bits, has_min)
+        if packed.dtype != torch.uint8 or packed.shape != (expected,) or not packed.is_contiguous():
+            raise ValueError(f"packed must be a contiguous uint8 tensor of shape ({expected},), got "
+                             f"{packed.dtype} {tuple(packed.shape)}")
+        self.packed, self.n, self.k, self.group_size, self.bits, self.has_min = packed, n, k, group_size, bits, has_min
+
+    @classmethod
+    def from_values(cls, values: torch.Tensor, scale: torch.Tensor, min: torch.Tensor | None, group_size: int,
+                    bits: int) -> "GroupedWeight":
+        """values (N, K) int8 (0..15 for bits 4), scale and min (N, K / group_size) float32 (min may be None)."""
+        n, k = values.shape
+        packed = torch.empty(_C.grouped_packed_bytes(n, k, group_size, bits, min is not None), dtype=torch.uint8)
+        _C.grouped_pack(_check_tensor(values, "values").contiguous(), _float32_scale(scale, "scale"),
+                        None if min is None else _float32_scale(min, "min"), group_size, bits, packed)
+        return cls(packed, n, k, group_size, bits, min is not None)
+
+    def unpack(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(values (N, K) int8, scale (N, K/G) float32, min (N, K/G) float32 or None)."""
+        values = torch.empty(self.n, self.k, dtype=torch.int8)
+        scale = torch.empty(self.n, self.k // self.group_size, dtype=torch.float32)
+        min = torch.empty_like(scale) if self.has_min else None
+        _C.grouped_unpack(self.packed, self.n, self.k, self.group_size, self.bits, self.has_min, values, scale, min)
+        return values, scale, min
+
+    def dequantize(self) -> torch.Tensor:
+        """(N, K) float32 weights: scale * value - min, each step rounded to float32."""
+        values, scale, min = self.unpack()
+        w = values.reshape(self.n, -1, self.group_size).float() * scale[..., None]
+        return (w if min is None else w - min[..., None]).reshape(self.n, self.k)
+
+    def __repr__(self) -> str:
+        return (f"GroupedWeight(N={self.n}, K={self.k}, group_size={self.group_size}, bits={self.bits}, "
+                f"has_min={self.has_min})")
 
 
 class DenseTileWeight:

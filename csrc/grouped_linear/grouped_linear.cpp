@@ -1,0 +1,173 @@
+// Dispatch of the grouped linear: quantize the activations in blocks of 32, then spread output
+// tiles over the thread pool; packing and unpacking of the layout.
+#include "grouped_linear/grouped_linear.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "common/bf16.h"
+#include "common/variants.h"
+#include "grouped_linear/grouped_layout.h"
+#include "runtime/threadpool.h"
+
+namespace shrike {
+namespace {
+
+using GroupedTiles = void (*)(const GroupedProblem&, int64_t, int64_t);
+
+struct GroupedCall {
+  int64_t m;
+};
+
+const Variant<GroupedTiles, GroupedCall> kGrouped[] = {
+#if defined(SHRIKE_X86)
+    {Isa::avx512vnni, avx512vnni::grouped_tiles},
+    {Isa::avxvnni, avxvnni::grouped_tiles},
+#endif
+    {Isa::scalar, ref::grouped_tiles},
+};
+
+float load(const void* x, DType dt, int64_t i) {
+  return dt == DType::f32 ? static_cast<const float*>(x)[i] : bf16_to_float(static_cast<const bf16*>(x)[i]);
+}
+
+// Rows [r0, r1) of x by the rule of grouped_linear.h.
+void quantize_rows(const void* x, DType dt, int64_t r0, int64_t r1, int64_t k, int64_t group, const GroupedRows& out) {
+  const int64_t blocks = k / kGroupedActivationBlock, groups = k / group;
+  for (int64_t i = r0; i < r1; ++i) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t first = i * k + b * kGroupedActivationBlock;
+      float amax = 0.f;
+      for (int64_t j = 0; j < kGroupedActivationBlock; ++j) amax = std::max(amax, std::abs(load(x, dt, first + j)));
+      const float scale = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
+      out.x_scale[i * blocks + b] = scale;
+      for (int64_t j = 0; j < kGroupedActivationBlock; ++j)
+        out.q[first + j] = static_cast<int8_t>(std::clamp(std::nearbyint(load(x, dt, first + j) * inv), -127.f, 127.f));
+    }
+    for (int64_t g = 0; g < groups; ++g) {
+      int32_t sum = 0;
+      for (int64_t j = 0; j < group; ++j) sum += out.q[i * k + g * group + j];
+      out.group_sum[i * groups + g] = sum;
+      out.x_min[i * groups + g] = -static_cast<float>(sum) * out.x_scale[i * blocks + g * group / kGroupedActivationBlock];
+    }
+  }
+}
+
+constexpr int64_t kSerialWork = 1 << 18;  // multiply-adds below which threads cost more than they save
+constexpr int64_t kQuantRows = 16;
+
+// As linear/linear.cpp: many small chunks for decode, chunks that stay in L2 for prefill.
+int64_t tiles_per_task(int64_t tiles, int64_t m) {
+  int64_t cap = m <= 4 ? 16 : 4;
+  return std::max<int64_t>(2, std::min(cap, tiles / (runtime::num_threads() * 8)) & ~int64_t{1});
+}
+
+struct Workspace {
+  std::vector<int8_t> q;
+  std::vector<float> x_scale, x_min;
+  std::vector<int32_t> group_sum;
+};
+
+}  // namespace
+
+void check_grouped_shape(const GroupedWeight& w) {
+  if (w.group != 16 && w.group != 32)
+    throw std::invalid_argument("grouped: group size must be 16 or 32, got " + std::to_string(w.group));
+  if (w.bits != 4 && w.bits != 8) throw std::invalid_argument("grouped: bits must be 4 or 8");
+  if (w.k <= 0 || w.k % kGroupedActivationBlock != 0)
+    throw std::invalid_argument("grouped: K=" + std::to_string(w.k) + " is not a positive multiple of 32");
+}
+
+const char* grouped_variant(int64_t m) { return isa_name(pick_variant(kGrouped, GroupedCall{m}).level); }
+
+OpVariants grouped_variants() { return describe_variants("grouped_linear", kGrouped); }
+
+void grouped_quantize(const void* x, DType x_dtype, int64_t m, int64_t k, int64_t group, const GroupedRows& rows) {
+  if (m * k < kSerialWork) return quantize_rows(x, x_dtype, 0, m, k, group, rows);
+  runtime::parallel_for((m + kQuantRows - 1) / kQuantRows, [&](int64_t t) {
+    quantize_rows(x, x_dtype, t * kQuantRows, std::min(m, (t + 1) * kQuantRows), k, group, rows);
+  });
+}
+
+void grouped_linear(const void* x, DType x_dtype, int64_t m, const GroupedWeight& w, const float* bias, void* out,
+                    DType out_dtype) {
+  check_grouped_shape(w);
+  if (m == 0 || w.n == 0) return;
+  static thread_local Workspace ws;
+  const int64_t k = w.k, groups = k / w.group;
+  ws.q.resize(m * k);
+  ws.x_scale.resize(m * (k / kGroupedActivationBlock));
+  ws.group_sum.resize(m * groups);
+  ws.x_min.resize(m * groups);
+  grouped_quantize(x, x_dtype, m, k, w.group, {ws.q.data(), ws.x_scale.data(), ws.group_sum.data(), ws.x_min.data()});
+  GroupedProblem p{ws.q.data(), ws.x_scale.data(), ws.group_sum.data(), ws.x_min.data(), w, bias, out, out_dtype, m};
+  GroupedTiles kernel = pick_variant(kGrouped, GroupedCall{m}).fn;
+  const int64_t tiles = tile_count(w.n);
+  if (m * w.n * k < kSerialWork) return kernel(p, 0, tiles);
+  const int64_t per_task = tiles_per_task(tiles, m);
+  runtime::parallel_for((tiles + per_task - 1) / per_task,
+                        [&](int64_t t) { kernel(p, t * per_task, std::min(tiles, (t + 1) * per_task)); });
+}
+
+void grouped_pack(const int8_t* w, const float* scale, const float* min, const GroupedWeight& shape, uint8_t* packed) {
+  check_grouped_shape(shape);
+  const int64_t n = shape.n, k = shape.k, group = shape.group, groups = k / group;
+  if (shape.has_min != (min != nullptr)) throw std::invalid_argument("grouped: mins given without has_min or missing");
+  if (shape.bits == 4)
+    for (int64_t i = 0; i < n * k; ++i)
+      if (w[i] < 0 || w[i] > 15)
+        throw std::invalid_argument("grouped: 4-bit value " + std::to_string(w[i]) + " is outside 0..15");
+  runtime::parallel_for(tile_count(n), [&](int64_t t) {
+    uint8_t* block = packed + t * grouped_tile_bytes(shape);
+    for (int64_t g = 0; g < groups; ++g, block += grouped_group_bytes(group, shape.bits, shape.has_min)) {
+      float s[kTileRows] = {}, mn[kTileRows] = {};
+      for (int r = 0; r < kTileRows; ++r) {
+        const int64_t row = t * kTileRows + r;
+        auto value = [&](int64_t j) { return row < n ? w[row * k + g * group + j] : int8_t{0}; };
+        for (int64_t j = 0; j < group; ++j) {
+          if (shape.bits == 8)
+            block[(j / 4 * kTileRows + r) * 4 + j % 4] = static_cast<uint8_t>(value(j));
+          else if (j % 8 < 4)
+            block[(j / 8 * kTileRows + r) * 4 + j % 4] = static_cast<uint8_t>(value(j) | value(j + 4) << 4);
+        }
+        if (row < n) {
+          s[r] = scale[row * groups + g];
+          if (min) mn[r] = min[row * groups + g];
+        }
+      }
+      uint8_t* params = block + grouped_value_bytes(group, shape.bits);
+      std::memcpy(params, s, sizeof(s));
+      if (shape.has_min) std::memcpy(params + sizeof(s), mn, sizeof(mn));
+    }
+  });
+}
+
+void grouped_unpack(const GroupedWeight& shape, int8_t* w, float* scale, float* min) {
+  check_grouped_shape(shape);
+  const int64_t k = shape.k, group = shape.group, groups = k / group;
+  for (int64_t row = 0; row < shape.n; ++row) {
+    const int64_t r = row % kTileRows;
+    const uint8_t* block = shape.packed + row / kTileRows * grouped_tile_bytes(shape);
+    for (int64_t g = 0; g < groups; ++g, block += grouped_group_bytes(group, shape.bits, shape.has_min)) {
+      for (int64_t j = 0; j < group; ++j) {
+        int8_t v;
+        if (shape.bits == 8) {
+          v = static_cast<int8_t>(block[(j / 4 * kTileRows + r) * 4 + j % 4]);
+        } else {
+          uint8_t byte = block[(j / 8 * kTileRows + r) * 4 + j % 4];
+          v = static_cast<int8_t>(j % 8 < 4 ? byte & 15 : byte >> 4);
+        }
+        w[row * k + g * group + j] = v;
+      }
+      const uint8_t* params = block + grouped_value_bytes(group, shape.bits);
+      std::memcpy(scale + row * groups + g, params + r * 4, 4);
+      if (shape.has_min) std::memcpy(min + row * groups + g, params + 4 * kTileRows + r * 4, 4);
+    }
+  }
+}
+
+}  // namespace shrike

@@ -1,0 +1,67 @@
+// Grouped linear layers y[M, N] = x[M, K] . W[N, K]^T (+ bias) whose weights keep the blocks of
+// llama.cpp's GGUF quant types as they are: int8 (or 4-bit) values in groups of G = 16 or 32
+// consecutive K of an output row, each group with a float32 scale and, optionally, a float32 min:
+//   W[n, j] = scale[n, g] * w[n, j] - min[n, g]      (g = j / G)
+// Q8_0, Q5_0, Q5_1, Q4_1, Q4_K, Q5_K, Q6_K and IQ4_XS all hold exactly in this form
+// (shrike.convert.gguf_blocks says how).
+//
+// The activations are quantized as llama.cpp's Q8_0: symmetric int8 per block of 32 K of a row,
+// x_scale = max|x| / 127, q = round_half_even(x * (127 / max|x|)) (0 for an all-zero block). Per weight
+// group the dot product is exact in int32 and groups are combined in fp32 in K order:
+//   acc = fma(float(isum_g), scale[n, g] * x_scale[m, b], acc)       (b = the group's 32-block)
+//   acc = fma(x_min[m, g], min[n, g], acc)                           (with mins only)
+//   y = acc + (bias[n] or 0)
+// where x_min[m, g] = -float(sum of q over the group) * x_scale[m, b], computed once per row.
+// Every variant follows these float steps exactly, so all agree bit for bit with the reference.
+#pragma once
+#include <cstdint>
+
+#include "common/dtype.h"
+
+namespace shrike {
+
+constexpr int64_t kGroupedActivationBlock = 32;
+
+struct GroupedWeight {
+  const uint8_t* packed = nullptr;  // grouped_layout.h
+  int64_t n = 0, k = 0;
+  int64_t group = 32;  // 16 or 32
+  int bits = 8;        // 8: int8 values; 4: unsigned values 0..15 (Q4_1, Q4_K)
+  bool has_min = false;
+};
+
+// x: (m, k) float32/bfloat16; bias (n,) float32 or null; out (m, n). Requires k % 32 == 0.
+void grouped_linear(const void* x, DType x_dtype, int64_t m, const GroupedWeight& w, const float* bias, void* out,
+                    DType out_dtype);
+
+// Activations quantized by the rule above.
+struct GroupedRows {
+  int8_t* q;           // (m, k)
+  float* x_scale;      // (m, k / 32)
+  int32_t* group_sum;  // (m, k / group) sums of q
+  float* x_min;        // (m, k / group) -group_sum * x_scale
+};
+void grouped_quantize(const void* x, DType x_dtype, int64_t m, int64_t k, int64_t group, const GroupedRows& rows);
+
+struct GroupedProblem {
+  const int8_t* q;
+  const float* x_scale;
+  const int32_t* group_sum;
+  const float* x_min;
+  GroupedWeight w;
+  const float* bias;
+  void* out;
+  DType out_dtype;
+  int64_t m;
+};
+
+// isa_name of the variant that runs an m-row call at the active level.
+const char* grouped_variant(int64_t m);
+
+#define SHRIKE_DECLARE_GROUPED_TILES void grouped_tiles(const GroupedProblem& p, int64_t tile_begin, int64_t tile_end);
+namespace ref { SHRIKE_DECLARE_GROUPED_TILES }
+namespace avxvnni { SHRIKE_DECLARE_GROUPED_TILES }
+namespace avx512vnni { SHRIKE_DECLARE_GROUPED_TILES }
+#undef SHRIKE_DECLARE_GROUPED_TILES
+
+}  // namespace shrike

@@ -1,0 +1,65 @@
+// Portable scalar reference: defines the semantics every SIMD variant must reproduce exactly.
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "common/bf16.h"
+#include "grouped_linear/grouped_layout.h"
+
+namespace shrike::ref {
+
+namespace {
+void store(void* out, DType dt, int64_t i, float v) {
+  if (dt == DType::f32) static_cast<float*>(out)[i] = v;
+  else static_cast<bf16*>(out)[i] = float_to_bf16(v);
+}
+
+// One group of one tile as values, (8, group).
+void decode_group(const uint8_t* block, int64_t group, int bits, int32_t* w) {
+  for (int r = 0; r < kTileRows; ++r)
+    for (int64_t j = 0; j < group; ++j) {
+      if (bits == 8) {
+        w[r * group + j] = static_cast<int8_t>(block[(j / 4 * kTileRows + r) * 4 + j % 4]);
+      } else {
+        uint8_t byte = block[(j / 8 * kTileRows + r) * 4 + j % 4];
+        w[r * group + j] = j % 8 < 4 ? byte & 15 : byte >> 4;
+      }
+    }
+}
+}  // namespace
+
+void grouped_tiles(const GroupedProblem& p, int64_t tile_begin, int64_t tile_end) {
+  const GroupedWeight& wt = p.w;
+  const int64_t groups = wt.k / wt.group, blocks = wt.k / kGroupedActivationBlock;
+  std::vector<int32_t> w(kTileRows * wt.group);  // (8, group)
+  std::vector<float> acc(p.m * kTileRows);       // (m, 8)
+  for (int64_t t = tile_begin; t < tile_end; ++t) {
+    const uint8_t* block = wt.packed + t * grouped_tile_bytes(wt);
+    std::fill(acc.begin(), acc.end(), 0.f);
+    for (int64_t g = 0; g < groups; ++g, block += grouped_group_bytes(wt.group, wt.bits, wt.has_min)) {
+      decode_group(block, wt.group, wt.bits, w.data());
+      float scale[kTileRows], min[kTileRows] = {};
+      const uint8_t* params = block + grouped_value_bytes(wt.group, wt.bits);
+      std::memcpy(scale, params, sizeof(scale));
+      if (wt.has_min) std::memcpy(min, params + sizeof(scale), sizeof(min));
+      const int64_t b = g * wt.group / kGroupedActivationBlock;
+      for (int64_t i = 0; i < p.m; ++i) {
+        const int8_t* q = p.q + i * wt.k + g * wt.group;
+        for (int r = 0; r < kTileRows; ++r) {
+          int32_t isum = 0;
+          for (int64_t j = 0; j < wt.group; ++j) isum += q[j] * w[r * wt.group + j];
+          float& a = acc[i * kTileRows + r];
+          a = std::fma(static_cast<float>(isum), scale[r] * p.x_scale[i * blocks + b], a);
+          if (wt.has_min) a = std::fma(p.x_min[i * groups + g], min[r], a);
+        }
+      }
+    }
+    for (int64_t i = 0; i < p.m; ++i)
+      for (int64_t r = 0; r < kTileRows && t * kTileRows + r < wt.n; ++r) {
+        int64_t col = t * kTileRows + r;
+        store(p.out, p.out_dtype, i * wt.n + col, acc[i * kTileRows + r] + (p.bias ? p.bias[col] : 0.f));
+      }
+  }
+}
+
+}  // namespace shrike::ref

@@ -1,0 +1,95 @@
+// The register-blocked grouped kernel of the x86 vpdpbusd variants, written once over the lane
+// types of linear/tile_walk_x86.h (ZmmLanes: two 8-row tiles per zmm; YmmLanes: one per ymm).
+// Per group each accumulator sums exactly in int32: 4-bit values are the unsigned operand as
+// stored; int8 values are flipped to w + 128 and the accumulator starts at -128 * sum(q).
+// Internal linkage on purpose: each ISA file instantiates this with its own target flags.
+#pragma once
+#include <cstdint>
+
+#include "grouped_linear/grouped_layout.h"
+#include "linear/tile_walk_x86.h"
+
+namespace shrike {
+namespace {
+
+template <typename L, int BITS, bool MIN, int MR, int NB>
+__attribute__((noinline)) void grouped_rows_x_tiles(const GroupedProblem& p, int64_t i0, int64_t t, int64_t tiles) {
+  using I = typename L::I;
+  using F = typename L::F;
+  constexpr int NV = NB / L::kTiles;
+  const GroupedWeight& wt = p.w;
+  const int64_t groups = wt.k / wt.group, blocks = wt.k / kGroupedActivationBlock;
+  const uint8_t* w[NV][L::kTiles];
+  block_tiles<L, NV>(wt.packed, grouped_tile_bytes(wt), t, tiles, w);
+  const int8_t* q[MR];
+  _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) q[r] = p.q + (i0 + r) * wt.k;
+  alignas(64) float acc[MR][NV][L::kLanes] = {};
+  int64_t offset = 0;
+  for (int64_t g = 0; g < groups; ++g) {
+    I isum[MR][NV];
+    _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
+      I start = L::splat(BITS == 8 ? -128 * p.group_sum[(i0 + r) * groups + g] : 0);
+      _Pragma("GCC unroll 16") for (int j = 0; j < NV; ++j) isum[r][j] = start;
+    }
+    const int64_t k0 = g * wt.group;
+    if constexpr (BITS == 8) {
+      for (int64_t kb = k0; kb < k0 + wt.group; kb += 4, offset += 32)
+        _Pragma("GCC unroll 16") for (int j = 0; j < NV; ++j) {
+          I v = L::flip(L::load(w[j], offset));
+          _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) L::dpbusd(isum[r][j], v, q[r] + kb);
+        }
+    } else {
+      for (int64_t kb = k0; kb < k0 + wt.group; kb += 8, offset += 32)
+        _Pragma("GCC unroll 16") for (int j = 0; j < NV; ++j) {
+          I v = L::load(w[j], offset);
+          I lo = L::low4(v);
+          _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) L::dpbusd(isum[r][j], lo, q[r] + kb);
+          I hi = L::high4(v);
+          _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) L::dpbusd(isum[r][j], hi, q[r] + kb + 4);
+        }
+    }
+    const int64_t b = k0 / kGroupedActivationBlock;
+    _Pragma("GCC unroll 16") for (int j = 0; j < NV; ++j) {
+      F scale = L::as_float(L::load(w[j], offset));
+      _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
+        F a = L::fmadd(L::to_float(isum[r][j]), L::mul(scale, L::splat(p.x_scale[(i0 + r) * blocks + b])),
+                       L::load_acc(acc[r][j]));
+        if constexpr (MIN) a = L::fmadd(L::splat(p.x_min[(i0 + r) * groups + g]), L::as_float(L::load(w[j], offset + 32)), a);
+        L::store_acc(acc[r][j], a);
+      }
+    }
+    offset += MIN ? 64 : 32;
+  }
+  _Pragma("GCC unroll 16") for (int j = 0; j < NV; ++j) {
+    int64_t col;
+    int valid = block_columns<L>(wt.n, t, tiles, j, col);
+    if (valid == 0) break;  // not in the loop condition: a runtime bound stops the unrolling
+    F bias = L::load_bias(p.bias, col, valid);
+    _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
+      F y = L::fmadd(L::load_acc(acc[r][j]), L::splat(1.f), bias);  // acc + bias, rounded once
+      L::store_row(p.out, p.out_dtype, (i0 + r) * wt.n + col, y, valid);
+    }
+  }
+}
+
+template <typename L, int BITS, bool MIN>
+void grouped_walk_of(const GroupedProblem& p, int64_t tile_begin, int64_t tile_end) {
+  auto kernel = [&](auto rows, auto block, int64_t i0, int64_t t, int64_t tiles) {
+    grouped_rows_x_tiles<L, BITS, MIN, rows, block>(p, i0, t, tiles);
+  };
+  if (p.m <= 2) return for_row_blocks_and_tile_blocks<2, L::kDecodeTiles>(p.m, tile_begin, tile_end, kernel);
+  for_row_blocks_and_tile_blocks<L::kPrefillRows, L::kPrefillTiles>(p.m, tile_begin, tile_end, kernel);
+}
+
+template <typename L>
+void grouped_walk(const GroupedProblem& p, int64_t tile_begin, int64_t tile_end) {
+  if (p.w.bits == 8) {
+    if (p.w.has_min) return grouped_walk_of<L, 8, true>(p, tile_begin, tile_end);
+    return grouped_walk_of<L, 8, false>(p, tile_begin, tile_end);
+  }
+  if (p.w.has_min) return grouped_walk_of<L, 4, true>(p, tile_begin, tile_end);
+  grouped_walk_of<L, 4, false>(p, tile_begin, tile_end);
+}
+
+}  // namespace
+}  // namespace shrike
