@@ -133,38 +133,84 @@ int64_t prepare(PyExecutor& p, int64_t num_seqs, int64_t num_tokens, int64_t num
 }
 
 // The experts of one MoE block, checked: each expert's gate_up is (2 * intermediate, hidden) and its down
-// (hidden, intermediate), alike for all experts.
+// (hidden, intermediate), alike for all routed experts (a shared expert, last, has its own intermediate).
 shrike::moe::Experts experts_of(const std::vector<Linear>& gate_up, const std::vector<Linear>& down, int64_t top_k,
-                                bool normalize) {
+                                bool normalize, bool shared) {
   const std::string op = "moe";
-  require(!down.empty() && gate_up.size() == down.size(), op, "needs one gate_up and one down linear per expert");
-  require(top_k >= 1 && top_k <= static_cast<int64_t>(down.size()), op, "top_k must be between 1 and the number of experts");
-  for (size_t e = 0; e < down.size(); ++e)
-    require(down[e].n == down[0].n && down[e].k == down[0].k && gate_up[e].n == 2 * down[0].k &&
-                gate_up[e].k == down[0].n, op, "expert " + std::to_string(e) + "'s linears do not have the block's shapes");
-  return {gate_up, down, top_k, normalize};
+  const int64_t routed = static_cast<int64_t>(down.size()) - (shared ? 1 : 0);
+  require(routed >= 1 && gate_up.size() == down.size(), op, "needs one gate_up and one down linear per expert");
+  require(top_k >= 1 && top_k <= routed, op, "top_k must be between 1 and the number of routed experts");
+  for (size_t e = 0; e < down.size(); ++e) {
+    const int64_t inter = static_cast<int64_t>(e) < routed ? down[0].k : down[e].k;
+    require(down[e].n == down[0].n && down[e].k == inter && gate_up[e].n == 2 * inter && gate_up[e].k == down[0].n,
+            op, "expert " + std::to_string(e) + "'s linears do not have the block's shapes");
+  }
+  return {gate_up, down, top_k, normalize, shared};
+}
+
+// The adapter slots of one linear (csrc/lora/lora.h), checked: shrink (max_loras, parts * max_rank, k), expand
+// (max_loras, max_rank, n) float32; ranks (max_loras,) and part_end (parts,) int32, the last part ending at n.
+shrike::lora::Slots lora_slots_of(const Array& shrink, const Array& expand, const Array& ranks, const Array& part_end) {
+  const std::string op = "lora";
+  require(shrink.ndim() == 3 && expand.ndim() == 3 && ranks.ndim() == 1 && part_end.ndim() == 1, op,
+          "shrink and expand must be 3-d, ranks and part_end 1-d");
+  shrike::lora::Slots w;
+  w.max_loras = dim(shrink, 0), w.parts = dim(part_end, 0), w.max_rank = dim(expand, 1);
+  w.k = dim(shrink, 2), w.n = dim(expand, 2);
+  require(w.parts >= 1 && dim(shrink, 1) == w.parts * w.max_rank && dim(expand, 0) == w.max_loras &&
+              dim(ranks, 0) == w.max_loras, op, "shrink must be (max_loras, parts * max_rank, k), expand "
+              "(max_loras, max_rank, n), ranks (max_loras,)");
+  w.shrink = data_of<const float>(shrink, "shrink", 0);
+  w.expand = data_of<const float>(expand, "expand", 0);
+  w.ranks = data_of<const int32_t>(ranks, "ranks", 0);
+  w.part_end = data_of<const int32_t>(part_end, "part_end", 0);
+  for (int64_t p = 0; p < w.parts; ++p)
+    require(w.part_end[p] > (p ? w.part_end[p - 1] : 0), op, "part_end must increase");
+  require(w.part_end[w.parts - 1] == w.n, op, "the last part must end at n");
+  for (int64_t s = 0; s < w.max_loras; ++s)
+    require(w.ranks[s] >= 0 && w.ranks[s] <= w.max_rank, op, "a slot's rank must be in 0..max_rank");
+  return w;
 }
 
 }  // namespace
 
 void bind_executor(nb::module_& m) {
+  m.def("lora", [](const Array& x, const Array& shrink, const Array& expand, const Array& ranks, const Array& part_end,
+                   const Array& row_slots, Array& out) {
+    const std::string op = "lora";
+    shrike::lora::Slots w = lora_slots_of(shrink, expand, ranks, part_end);
+    require(x.ndim() == 2 && dim(x, 1) == w.k && out.ndim() == 2 && dim(out, 1) == w.n && dim(out, 0) == dim(x, 0), op,
+            "x must be (rows, k) and out (rows, n)");
+    const int64_t rows = dim(x, 0);
+    const int32_t* slots = data_of<const int32_t>(row_slots, "row_slots", rows);
+    for (int64_t t = 0; t < rows; ++t)
+      require(slots[t] >= -1 && slots[t] < w.max_loras, op, "a row's slot must be -1 or in 0..max_loras");
+    const DType x_dtype = float_dtype(x, op, "x"), out_dtype = float_dtype(out, op, "out");
+    nb::gil_scoped_release release;
+    shrike::lora::apply(w, x.data(), x_dtype, slots, rows, out.data(), out_dtype);
+  }, nb::arg("x"), nb::arg("shrink"), nb::arg("expand"), nb::arg("ranks"), nb::arg("part_end"), nb::arg("row_slots"),
+     nb::arg("out").noconvert(),
+     "LoRA: out (rows, n) += each row's update from its slot's adapter (row_slots[t] = -1: none).");
+
+
   m.def("moe", [](const Array& x, const Array& router_logits, const std::vector<Linear>& gate_up,
-                  const std::vector<Linear>& down, Array& out, int64_t top_k, bool normalize) {
+                  const std::vector<Linear>& down, Array& out, int64_t top_k, bool normalize, bool shared_expert) {
     const std::string op = "moe";
-    shrike::moe::Experts experts = experts_of(gate_up, down, top_k, normalize);
+    shrike::moe::Experts experts = experts_of(gate_up, down, top_k, normalize, shared_expert);
     const DType dt = float_dtype(x, op, "x");
     require(float_dtype(out, op, "out") == dt, op, "x and out must share one dtype");
     require(x.ndim() == 2 && dim(x, 1) == experts.hidden() && out.size() == x.size(), op,
             "x and out must be (tokens, hidden)");
     const int64_t rows = dim(x, 0);
-    require(router_logits.ndim() == 2 && dim(router_logits, 0) == rows && dim(router_logits, 1) == experts.num_experts(),
-            op, "router_logits must be (tokens, experts)");
+    require(router_logits.ndim() == 2 && dim(router_logits, 0) == rows &&
+                dim(router_logits, 1) == static_cast<int64_t>(down.size()), op,
+            "router_logits must be (tokens, experts), the shared expert's gate logit last");
     const float* logits = data_of<const float>(router_logits, "router_logits", 0);
     nb::gil_scoped_release release;
     shrike::moe::Workspace workspace;
     shrike::moe::forward(experts, x.data(), logits, rows, out.data(), dt, workspace);
   }, nb::arg("x"), nb::arg("router_logits"), nb::arg("gate_up"), nb::arg("down"), nb::arg("out").noconvert(),
-     nb::arg("top_k"), nb::arg("normalize"),
+     nb::arg("top_k"), nb::arg("normalize"), nb::arg("shared_expert") = false,
      "Mixture-of-experts block: route each row to its top_k experts, run them over their rows, combine.");
 
   nb::class_<Linear>(m, "TapeLinear")
@@ -184,6 +230,17 @@ void bind_executor(nb::module_& m) {
         return l;
       }, nb::arg("q"), nb::arg("scale"), nb::arg("offset"), nb::arg("perm").none(), nb::arg("bits"), nb::arg("n"),
          nb::arg("k"), nb::arg("group"), nb::arg("bias").none())
+      .def_static("grouped", [](const StridedArray& packed, int64_t n, int64_t k, int64_t group, int bits, bool has_min,
+                                std::optional<Array> bias) {
+        Linear l;
+        l.kind = LinearKind::grouped;
+        l.n = n, l.k = k, l.group = group;
+        l.grouped = grouped_weight(packed, n, k, group, bits, has_min);
+        l.weight = l.grouped.packed;
+        if (bias) l.bias = data_of<const float>(*bias, "bias", n);
+        return l;
+      }, nb::arg("packed"), nb::arg("n"), nb::arg("k"), nb::arg("group"), nb::arg("bits"), nb::arg("has_min"),
+         nb::arg("bias").none())
       .def_prop_ro("quantized_input", [](const Linear& l) { return format_of(l.kind).quantized_input; })
       .def_prop_ro("format", [](const Linear& l) { return std::string(format_of(l.kind).name); })
       .def_ro("n", &Linear::n)
@@ -265,10 +322,22 @@ void bind_executor(nb::module_& m) {
         p.exe.add_op("softcap", softcap_op({x, rows_named(rows)}, width, cap));
       })
       .def("moe", [](PyExecutor& p, int x, int router_logits, const std::vector<Linear>& gate_up,
-                     const std::vector<Linear>& down, int out, int64_t top_k, bool normalize, const std::string& dt) {
-        p.exe.add_op("moe", moe_op(experts_of(gate_up, down, top_k, normalize), x, router_logits, out, dtype_named(dt)));
+                     const std::vector<Linear>& down, int out, int64_t top_k, bool normalize, const std::string& dt,
+                     bool shared_expert) {
+        p.exe.add_op("moe", moe_op(experts_of(gate_up, down, top_k, normalize, shared_expert), x, router_logits, out,
+                                   dtype_named(dt)));
       }, nb::arg("x"), nb::arg("router_logits"), nb::arg("gate_up"), nb::arg("down"), nb::arg("out"), nb::arg("top_k"),
-         nb::arg("normalize"), nb::arg("dtype"))
+         nb::arg("normalize"), nb::arg("dtype"), nb::arg("shared_expert") = false)
+      .def("set_lora_slots", [](PyExecutor& p, const Array& slots, int64_t max_loras) {
+        p.exe.inputs.lora_slots = data_of<const int32_t>(slots, "lora_slots", p.exe.max_tokens);
+        p.exe.inputs.max_loras = max_loras;
+      }, nb::arg("slots"), nb::arg("max_loras"), "The step input: each token's LoRA slot (-1: none).")
+      .def("lora", [](PyExecutor& p, int x, int out, const Array& shrink, const Array& expand, const Array& ranks,
+                      const Array& part_end, const std::string& x_dtype, const std::string& out_dtype) {
+        p.exe.add_op("lora", lora_op(lora_slots_of(shrink, expand, ranks, part_end), x, out, dtype_named(x_dtype),
+                                     dtype_named(out_dtype)));
+      }, nb::arg("x"), nb::arg("out"), nb::arg("shrink"), nb::arg("expand"), nb::arg("ranks"), nb::arg("part_end"),
+         nb::arg("x_dtype"), nb::arg("out_dtype"))
       .def("gather_rows", [](PyExecutor& p, int x, int out, int64_t row_bytes) {
         p.exe.add_op("gather_rows", gather_rows_op(x, out, row_bytes));
       })

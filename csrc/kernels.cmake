@@ -43,6 +43,8 @@ set_property(SOURCE ${CMAKE_CURRENT_LIST_DIR}/attention/attention_amx.cpp ${CMAK
                     ${CMAKE_CURRENT_LIST_DIR}/attention/attention_int16_avx512vnni.cpp
                     ${CMAKE_CURRENT_LIST_DIR}/attention/attention_int16_ref.cpp
                     ${CMAKE_CURRENT_LIST_DIR}/moe/moe.cpp
+                    ${CMAKE_CURRENT_LIST_DIR}/lora/lora_ref.cpp ${CMAKE_CURRENT_LIST_DIR}/lora/lora_avx2.cpp
+                    ${CMAKE_CURRENT_LIST_DIR}/lora/lora_avx512vnni.cpp
              APPEND PROPERTY COMPILE_OPTIONS -ffp-contract=off)
 
 add_library(shrike_kernels STATIC ${SHRIKE_SOURCES})

@@ -40,6 +40,11 @@ GOOD = {
                            SpeculativeConfig("ngram", 2, prompt_lookup_min=5, prompt_lookup_max=5)),
     "runner": ("pooling", "pooling"),
     "task": ("embed", "embed"),
+    "enable_lora": (None, True),  # --enable-lora
+    "lora_modules": ("sql=/adapters/sql", (("sql", "/adapters/sql"),)),
+    "max_loras": ("2", 2),
+    "max_lora_rank": ("8", 8),
+    "allow_runtime_lora": (None, True),
 }
 # name -> a value each front end must refuse (a boolean flag has no wrong value on a command line).
 BAD = {
@@ -47,13 +52,15 @@ BAD = {
     "kv_cache_space": "0", "kv_cache_dtype": "fp8", "chat_template": "no/such/template.jinja",
     "cpu_threads": "0", "cpu_bind": "0-x", "kernel_backend": "cuda", "lm_head_quant": "int4",
     "activation_quant": "fp8", "speculative_config": '{"method": "eagle", "num_speculative_tokens": 2}',
-    "runner": "encode", "task": "classify",
+    "runner": "encode", "task": "classify", "lora_modules": "sql", "max_loras": "0", "max_lora_rank": "0",
 }
 
 
 def _flag_tokens(name: str) -> list[str]:
-    typed, _ = GOOD[name]
-    return [f"--no-{flag_name(name)[2:]}"] if typed is None else [flag_name(name), typed]
+    typed, expected = GOOD[name]
+    if typed is None:  # a boolean flag: --flag or --no-flag, whichever is not the default
+        return [flag_name(name)] if expected else [f"--no-{flag_name(name)[2:]}"]
+    return [flag_name(name), typed]
 
 
 def test_every_engine_flag_has_a_test_value():

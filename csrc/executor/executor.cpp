@@ -75,6 +75,9 @@ Step Executor::prepare(int64_t num_seqs, int64_t num_tokens, int64_t num_logits)
     if (inputs.logits_rows[i] < 0 || inputs.logits_rows[i] >= num_tokens) bad_input("a logits row is not a token of this step");
   for (int64_t t = 0; t < num_tokens; ++t)
     if (inputs.token_ids[t] < 0 || inputs.token_ids[t] >= vocab) bad_input("token id outside the vocabulary");
+  if (inputs.lora_slots)
+    for (int64_t t = 0; t < num_tokens; ++t)
+      if (inputs.lora_slots[t] < -1 || inputs.lora_slots[t] >= inputs.max_loras) bad_input("LoRA slot outside 0..max_loras");
   const int64_t cache_blocks = num_slots / block_size;
   int64_t width = 1, token = 0;
   for (int64_t b = 0; b < num_seqs; ++b) {
@@ -269,6 +272,13 @@ OpFn gather_rows_op(int x, int out, int64_t row_bytes) {
     uint8_t* o = bytes(e, out);
     for (int64_t i = 0; i < s.num_logits; ++i)
       std::memcpy(o + i * row_bytes, in + e.inputs.logits_rows[i] * row_bytes, row_bytes);
+  };
+}
+
+OpFn lora_op(const lora::Slots& slots, int x, int out, DType x_dtype, DType out_dtype) {
+  return [=](Executor& e, const Step& s) {
+    if (!e.inputs.lora_slots) bad_input("a LoRA op needs the step's lora_slots (set_lora_slots)");
+    lora::apply(slots, e.buffer(x), x_dtype, e.inputs.lora_slots, s.num_tokens, e.buffer(out), out_dtype);
   };
 }
 

@@ -12,6 +12,7 @@
 
 #include "common/dtype.h"
 #include "executor/linear_format.h"
+#include "lora/lora.h"
 #include "moe/moe.h"
 
 namespace shrike::executor {
@@ -37,6 +38,8 @@ struct StepInputs {
   int32_t* query_start = nullptr;  // (max_seqs + 1,)
   int32_t* context_lens = nullptr;  // (max_seqs,)
   int32_t* batch_tables = nullptr;  // (max_seqs * max_blocks_per_seq,): (num_seqs, table_width) this step
+  const int32_t* lora_slots = nullptr;  // (max_tokens,) each token's LoRA adapter slot, -1: none (LoRA on only)
+  int64_t max_loras = 0;
 };
 
 // A rotary table (2, max_positions, head_dim) fp32, cos then sin, and where prepare() gathers the
@@ -104,6 +107,9 @@ OpFn gelu_tanh_mul_op(int gate_up, int out, int64_t width, DType dt, const Linea
 OpFn scale_op(RowsArg x, int64_t width, float factor, bool divide, DType dt);
 OpFn softcap_op(RowsArg x, int64_t width, float cap);
 OpFn gather_rows_op(int x, int out, int64_t row_bytes);
+// Each token row's LoRA update added into a linear's output `out` (csrc/lora), the adapter picked by the
+// step's lora_slots.
+OpFn lora_op(const lora::Slots& slots, int x, int out, DType x_dtype, DType out_dtype);
 // Mixture-of-experts block (csrc/moe): x (tokens, hidden) and float32 router logits (tokens, experts) -> out.
 OpFn moe_op(moe::Experts experts, int x, int router_logits, int out, DType dt);
 

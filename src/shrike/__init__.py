@@ -5,9 +5,10 @@
 
 __version__ = "0.1.0"
 
-__all__ = ["LLM", "SamplingParams", "PoolingParams", "RequestOutput", "CompletionOutput", "Logprob"]
+__all__ = ["LLM", "SamplingParams", "PoolingParams", "LoRARequest", "RequestOutput", "CompletionOutput", "Logprob"]
 
 _LAZY = {"LLM": "shrike.llm", "SamplingParams": "shrike.sampling.params", "PoolingParams": "shrike.engine.pooling",
+         "LoRARequest": "shrike.engine.lora",
          "RequestOutput": "shrike.outputs",
          "CompletionOutput": "shrike.outputs", "Logprob": "shrike.outputs"}
 

@@ -11,6 +11,7 @@ from typing import Any, Union
 
 from shrike.engine.config import EngineConfig
 from shrike.engine.llm_engine import LLMEngine, RequestOutput as EngineOutput
+from shrike.engine.lora import LoRARequest
 from shrike.engine.pooling import PoolingParams
 from shrike.outputs import (CompletionOutput, EmbeddingOutput, EmbeddingRequestOutput, Logprob, PositionLogprobs,
                             RequestOutput)
@@ -62,9 +63,11 @@ class LLM:
 
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
-        """Complete each prompt; one output per prompt, in order."""
-        return self._run(_as_prompt_list(prompts), sampling_params, use_tqdm, self._encode_prompt)
+                 use_tqdm: bool = True, lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None
+                 ) -> list[RequestOutput]:
+        """Complete each prompt; one output per prompt, in order. lora_request: the LoRA adapter to run with, one
+        for all prompts or one per prompt (None: the base model); needs enable_lora=True."""
+        return self._run(_as_prompt_list(prompts), sampling_params, use_tqdm, self._encode_prompt, lora_request)
 
     def embed(self, prompts: PromptType | Sequence[PromptType],
               pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
@@ -172,9 +175,14 @@ class LLM:
             raise ValueError(f"got {len(params)} sampling params for {count} prompts; give one, or one per prompt")
         return params
 
-    def _run(self, items: list, sampling_params, use_tqdm: bool, encode) -> list[RequestOutput]:
+    def _run(self, items: list, sampling_params, use_tqdm: bool, encode, lora_request=None) -> list[RequestOutput]:
         params = self._params_for(sampling_params, len(items))
         engine = self.llm_engine
+        loras = list(lora_request) if isinstance(lora_request, Sequence) else [lora_request] * len(items)
+        if len(loras) != len(items):
+            raise ValueError(f"got {len(loras)} LoRA requests for {len(items)} prompts; give one, or one per prompt")
+        for lora in loras:
+            engine.lora_adapter(lora)  # an adapter that cannot be served is refused before any work starts
         encoded = [encode(item) for item in items]
         prepared = [self._prepared(p, ids) for (_, ids), p in zip(encoded, params)]
         params = [p for p, _ in prepared]
@@ -183,9 +191,9 @@ class LLM:
             engine.check_request(ids, p)  # refuse the whole call before any work starts
         builders: dict[str, _OutputBuilder] = {}
         try:
-            for (text, ids), p in zip(encoded, params):
+            for (text, ids), p, lora in zip(encoded, params, loras):
                 request_id = str(next(_request_ids))
-                engine.add_request(request_id, ids, p)
+                engine.add_request(request_id, ids, p, lora)
                 builders[request_id] = _OutputBuilder(request_id, text, ids, p, self._token_bytes)
             bar = _progress_bar(len(items)) if use_tqdm and len(items) > 1 else None
             unfinished = set(builders)

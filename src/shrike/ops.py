@@ -28,8 +28,8 @@ from shrike.registry import Registry
 
 # The op names, in the order a decoder step runs them.
 OP_NAMES = ("embedding", "rmsnorm", "add_rmsnorm", "head_rmsnorm", "w4a8_linear", "w8a8_linear", "weight_only_linear",
-            "dense_linear", "rope_write_kv", "paged_attention", "silu_mul", "gelu_tanh_mul", "mul_scalar", "div_scalar",
-            "softcap", "moe")
+            "grouped_linear", "dense_linear", "rope_write_kv", "paged_attention", "silu_mul", "gelu_tanh_mul",
+            "mul_scalar", "div_scalar", "softcap", "moe", "lora")
 
 
 # References ---------------------------------------------------------------------------------
@@ -165,15 +165,21 @@ def moe_reference(x: torch.Tensor, router_logits: torch.Tensor, experts, out: to
                   normalize: bool) -> None:
     """out (T, hidden) = sum over each row's top_k experts (shrike.weight_formats.ExpertWeights) of
     weight * down(silu(gate) * up)(x row), each expert run once over its rows by its format's reference
-    linear (gate_up in x's dtype, down in float32), summed in float32 in ascending expert order."""
-    chosen, weights = route_reference(router_logits, top_k, normalize)  # (T, k), (T, k)
+    linear (gate_up in x's dtype, down in float32), summed in float32 in ascending expert order; a shared
+    expert (the last, with router_logits' last column as its gate) runs on every row, weighted by
+    sigmoid(gate logit)."""
+    routed = len(experts.down) - experts.shared
+    chosen, weights = route_reference(router_logits[:, :routed], top_k, normalize)  # (T, k), (T, k)
+    if experts.shared:
+        chosen = torch.cat([chosen, torch.full_like(chosen[:, :1], routed)], dim=1)  # (T, k + 1)
+        weights = torch.cat([weights, torch.sigmoid(router_logits[:, routed:].float())], dim=1)
     linear = _REFERENCE_LINEARS[experts.op]
     acc = torch.zeros(x.shape[0], out.shape[1])  # (T, hidden) float32
     for e in range(len(experts.down)):
         rows, rank = (chosen == e).nonzero(as_tuple=True)
         if rows.numel() == 0:
             continue
-        inter = experts.intermediate
+        inter = experts.intermediate if e < routed else experts.shared_intermediate
         gate_up = torch.empty(rows.numel(), 2 * inter, dtype=x.dtype)
         linear(x[rows], _unpacked(experts.gate_up[e]), None, gate_up)
         act = torch.empty(rows.numel(), inter, dtype=x.dtype)
@@ -182,6 +188,30 @@ def moe_reference(x: torch.Tensor, router_logits: torch.Tensor, experts, out: to
         linear(act, _unpacked(experts.down[e]), None, y)
         acc[rows] += weights[rows, rank][:, None] * y
     out.copy_(acc)
+
+
+def lora_reference(x: torch.Tensor, adapters, row_slots: torch.Tensor, out: torch.Tensor) -> None:
+    """out (T, N) += each row's LoRA update from the adapter in its slot (row_slots (T,) int32, -1: none), in
+    float32, out rounded once. adapters (shrike.layers.lora.LoRASlots): shrink (S, parts * R, K), expand
+    (S, R, N) with the scaling folded in, ranks (S,), part_end (parts,)."""
+    max_rank = adapters.expand.shape[1]
+    for slot in sorted(set(row_slots.tolist()) - {-1}):
+        rank = int(adapters.ranks[slot])
+        if rank == 0:
+            continue
+        rows = (row_slots == slot).nonzero(as_tuple=True)[0]
+        xs = x[rows].float()  # (m, K)
+        delta = torch.empty(rows.numel(), out.shape[1])  # (m, N)
+        begin = 0
+        for part, end in enumerate(adapters.part_end.tolist()):
+            shrink = adapters.shrink[slot, part * max_rank:part * max_rank + rank]  # (rank, K)
+            delta[:, begin:end] = (xs @ shrink.T) @ adapters.expand[slot, :rank, begin:end]
+            begin = end
+        out[rows] = (out[rows].float() + delta).to(out.dtype)
+
+
+def lora_kernel(x: torch.Tensor, adapters, row_slots: torch.Tensor, out: torch.Tensor) -> None:
+    _C.lora(x, adapters.shrink, adapters.expand, adapters.ranks, adapters.part_end, row_slots, out)
 
 
 def _unpacked(weight):
@@ -194,7 +224,7 @@ def moe_kernel(x: torch.Tensor, router_logits: torch.Tensor, experts, out: torch
     linears = experts.tape_linears()
     if linears is None:
         raise TypeError("the built-in moe op needs expert weights packed for Shrike's kernels")
-    _C.moe(x, router_logits, *linears, out, top_k, normalize)
+    _C.moe(x, router_logits, *linears, out, top_k, normalize, experts.shared)
 
 
 def _reference_weight(weight):
@@ -233,6 +263,42 @@ def weight_only_linear_reference(x: torch.Tensor, weight, bias: torch.Tensor | N
     if weight.perm is not None:
         x = x.index_select(1, weight.perm)
     dense_linear_reference(x, weight.weight, None if bias is None else bias.float(), out)
+
+
+def quantize_blocks_of_32(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The grouped linear's activations: x (M, K) -> (q (M, K) float32 integers in [-127, 127], scale (M, K/32)),
+    x ~ q * scale per block of 32 K, q = round_half_even(x * (127 / max|x|)) (0 for an all-zero block)."""
+    m, k = x.shape
+    blocks = x.float().reshape(m, k // 32, 32)
+    amax = blocks.abs().amax(-1)  # (M, K/32)
+    # a true division (127 / tensor would multiply by the reciprocal, rounding twice)
+    inverse = torch.where(amax > 0, torch.full_like(amax, 127).div(torch.where(amax > 0, amax, 1)), 0)
+    q = torch.round(blocks * inverse[..., None]).clamp(-127, 127)
+    return q.reshape(m, k), amax / 127
+
+
+def grouped_linear_reference(x: torch.Tensor, weight, bias: torch.Tensor | None, out: torch.Tensor) -> None:
+    """The grouped kernel's math (csrc/grouped_linear/grouped_linear.h) on a ``kernels.GroupedWeight``: x
+    quantized to int8 per 32 K, exact integer sums per weight group, then the float steps in K order (each
+    fma done in float64 and rounded, which could differ from a true fma by double rounding)."""
+    parts = getattr(weight, "_reference", None)
+    if parts is None:
+        parts = weight._reference = weight.unpack()
+    values, scale, mins = parts  # (N, K) int8, (N, K/G) float32, (N, K/G) float32 or None
+    m, k = x.shape
+    group, groups = weight.group_size, k // weight.group_size
+    q, x_scale = quantize_blocks_of_32(x)
+    q = q.reshape(m, groups, group)
+    isum = torch.einsum("mgj,ngj->gmn", q.double(), values.reshape(-1, groups, group).double())  # exact integers
+    block_scale = x_scale[:, torch.arange(groups) * group // 32]  # (m, groups)
+    x_min = -q.sum(-1) * block_scale  # (m, groups) float32
+    acc = torch.zeros(m, weight.n)
+    for g in range(groups):
+        step_scale = scale[None, :, g] * block_scale[:, g, None]  # (m, N) float32
+        acc = (isum[g] * step_scale.double() + acc.double()).float()
+        if mins is not None:
+            acc = (x_min[:, g, None].double() * mins[None, :, g].double() + acc.double()).float()
+    out.copy_(acc if bias is None else acc + bias)
 
 
 def dense_linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -301,7 +367,8 @@ def _dense_tile_order(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
 
 
 _REFERENCE_LINEARS = {"w4a8_linear": w4a8_linear_reference, "w8a8_linear": w8a8_linear_reference,
-                      "weight_only_linear": weight_only_linear_reference, "dense_linear": dense_linear_reference}
+                      "weight_only_linear": weight_only_linear_reference, "grouped_linear": grouped_linear_reference,
+                      "dense_linear": dense_linear_reference}
 
 
 # Built-in kernels with the op calling convention ---------------------------------------------
@@ -317,6 +384,10 @@ def w8a8_linear_kernel(x: torch.Tensor, weight, bias: torch.Tensor | None, out: 
 def weight_only_linear_kernel(x: torch.Tensor, weight, bias: torch.Tensor | None, out: torch.Tensor) -> None:
     _C.weight_only_linear(x, weight.q, weight.scale, weight.offset, weight.perm, weight.bits, weight.n,
                           weight.group_size, bias, out)
+
+
+def grouped_linear_kernel(x: torch.Tensor, weight, bias: torch.Tensor | None, out: torch.Tensor) -> None:
+    _C.grouped_linear(x, weight.packed, weight.n, weight.group_size, weight.bits, weight.has_min, bias, out)
 
 
 def dense_linear_kernel(x: torch.Tensor, weight, bias: torch.Tensor | None, out: torch.Tensor) -> None:
@@ -350,6 +421,7 @@ def register_builtin_ops(registry: Registry) -> None:
         "w4a8_linear": w4a8_linear_kernel,
         "w8a8_linear": w8a8_linear_kernel,
         "weight_only_linear": weight_only_linear_kernel,
+        "grouped_linear": grouped_linear_kernel,
         "dense_linear": dense_linear_kernel,
         "rope_write_kv": _C.rope_write_kv,
         "paged_attention": _C.paged_attention,
@@ -359,6 +431,7 @@ def register_builtin_ops(registry: Registry) -> None:
         "div_scalar": _C.div_scalar,
         "softcap": _C.softcap,
         "moe": moe_kernel,
+        "lora": lora_kernel,
     }
     references = {
         "embedding": embedding_reference,
@@ -368,6 +441,7 @@ def register_builtin_ops(registry: Registry) -> None:
         "w4a8_linear": w4a8_linear_reference,
         "w8a8_linear": w8a8_linear_reference,
         "weight_only_linear": weight_only_linear_reference,
+        "grouped_linear": grouped_linear_reference,
         "dense_linear": dense_linear_reference,
         "rope_write_kv": rope_write_kv_reference,
         "paged_attention": paged_attention_reference,
@@ -377,6 +451,7 @@ def register_builtin_ops(registry: Registry) -> None:
         "div_scalar": div_scalar_reference,
         "softcap": softcap_reference,
         "moe": moe_reference,
+        "lora": lora_reference,
     }
     for name in OP_NAMES:
         if name in kernels:

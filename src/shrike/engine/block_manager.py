@@ -1,7 +1,8 @@
 """Hands out fixed-size KV-cache blocks to sequences and takes them back, sharing equal prefixes.
 
 A block that has been filled is registered under a key built from its tokens and its
-predecessor's key, so equal keys mean equal tokens at equal positions. A later sequence whose
+predecessor's key (the first block's from its sequence's LoRA adapter), so equal keys mean equal
+tokens at equal positions computed by the same weights. A later sequence whose
 prompt starts with the same blocks reuses them instead of recomputing them. Blocks nobody
 uses stay cached in the free pool and are evicted least recently used first.
 """
@@ -61,7 +62,7 @@ class BlockManager:
         bs = self.block_size
         usable = (seq.num_tokens - 1) // bs
         self.prefix_queries += usable * bs
-        parent = None
+        parent = _root_key(seq)
         for i in range(usable):
             tokens = tuple(seq.token_ids[i * bs:(i + 1) * bs])
             key = self._key(parent, tokens)
@@ -103,7 +104,7 @@ class BlockManager:
         for i in range(seq.num_registered_blocks, seq.num_computed_tokens // bs):
             block = self.blocks[seq.block_table[i]]
             if block.key is None:
-                parent = self.blocks[seq.block_table[i - 1]].key if i else None
+                parent = self.blocks[seq.block_table[i - 1]].key if i else _root_key(seq)
                 block.tokens = tuple(seq.token_ids[i * bs:(i + 1) * bs])
                 block.key = self._key(parent, block.tokens)
                 self.cached.setdefault(block.key, seq.block_table[i])
@@ -134,3 +135,8 @@ class BlockManager:
                 self.free[block_id] = None
         seq.block_table = []
         seq.num_computed_tokens = seq.num_registered_blocks = 0
+
+
+def _root_key(seq: Sequence):
+    """The parent key of a sequence's first block: its LoRA adapter's (None for the base model)."""
+    return None if seq.lora is None else seq.lora.cache_key

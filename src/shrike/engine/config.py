@@ -18,6 +18,7 @@ from typing import Any
 from shrike.errors import ConfigError
 from shrike.layers.kv_dtypes import KV_CACHE_DTYPES
 from shrike.layers.lm_head import LM_HEAD_QUANT
+from shrike.model.gguf_linear import GGUF_WEIGHTS
 from shrike.engine.pooling import RUNNERS, TASKS
 from shrike.platform.cpulist import parse_cpu_list
 from shrike.quantization.backends import ACTIVATION_QUANT, KERNEL_BACKENDS
@@ -33,6 +34,7 @@ class Setting:
     choices: tuple[str, ...] | None = None
     metavar: str | None = None
     is_flag: bool = True  # False: a Python-only argument (LLM, tests), not on any command line
+    nargs: str | None = None  # "+": a flag followed by one or more values
 
 
 def flag_name(name: str) -> str:
@@ -112,14 +114,31 @@ def _cpu_list(flag: str, value: Any) -> str | None:
     return value
 
 
+def _lora_modules(flag: str, value: Any) -> tuple[tuple[str, str], ...]:
+    """NAME=PATH texts (a command line), or {name: path} (LLM) -> ((name, path), ...)."""
+    if isinstance(value, dict):
+        value = [f"{name}={path}" for name, path in value.items()]
+    if isinstance(value, str):
+        value = [value]
+    pairs = []
+    for item in value or ():
+        if isinstance(item, tuple):
+            item = "=".join(item)
+        name, sep, path = str(item).partition("=")
+        if not sep or not name or not path:
+            raise ConfigError(f"{flag} {item!r}: give each adapter as NAME=PATH")
+        pairs.append((name, path))
+    return tuple(pairs)
+
+
 def _speculative(flag: str, value: Any) -> SpeculativeConfig | None:
     return parse_speculative_config(value)
 
 
 def _setting(default: Any, help: str, check: Check | None, choices: tuple[str, ...] | None = None,
-             metavar: str | None = None, is_flag: bool = True) -> Any:
+             metavar: str | None = None, is_flag: bool = True, nargs: str | None = None) -> Any:
     """A field of EngineConfig with its setting; check None: one of `choices`."""
-    setting = Setting(help, check or _choice(choices), choices, metavar, is_flag)
+    setting = Setting(help, check or _choice(choices), choices, metavar, is_flag, nargs)
     return field(default=default, metadata={"setting": setting})
 
 
@@ -162,11 +181,26 @@ class EngineConfig:
         "none", "weight-only (W4A16 / W8A16) checkpoints: none keeps activations in 16 bits (default, accurate); "
         "int8 quantizes them per token for the W4A8 / W8A8 int8 kernels (faster, less accurate)", None,
         choices=ACTIVATION_QUANT)
+    gguf_weights: str = _setting(
+        "native", "a .gguf model: native runs its linear layers from the file's quant blocks on the int8 kernels "
+        "(default; about the file's memory); bf16 runs the whole bf16 conversion", None, choices=GGUF_WEIGHTS)
     speculative_config: str | dict | SpeculativeConfig | None = _setting(
         None, "speculative decoding, vLLM's JSON: '{\"method\": \"ngram\", \"num_speculative_tokens\": 5, "
         "\"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2}' proposes continuations of earlier text, "
         "'{\"model\": DIR, \"num_speculative_tokens\": 4}' drafts with a smaller model sharing the tokenizer "
         "(exact: outputs equal those without it) (default: off)", _speculative, metavar="JSON")
+    enable_lora: bool = _setting(
+        False, "serve LoRA adapters beside the base model, chosen per request by model=NAME (default: off)", _on_off)
+    lora_modules: tuple = _setting(
+        (), "LoRA adapters to serve, PEFT directories given as NAME=PATH (with --enable-lora)", _lora_modules,
+        metavar="NAME=PATH", nargs="+")
+    max_loras: int = _setting(
+        1, "LoRA adapters resident at once, each in its slot; a step mixes up to this many (default: 1)",
+        _whole_number(1))
+    max_lora_rank: int = _setting(16, "largest LoRA rank an adapter may have (default: 16)", _whole_number(1))
+    allow_runtime_lora: bool = _setting(
+        False, "let clients load and unload LoRA adapters at run time (/v1/load_lora_adapter, "
+        "/v1/unload_lora_adapter; default: off)", _on_off)
     runner: str = _setting(
         "auto", "generate: text generation; pooling: an embedding model (/v1/embeddings, LLM.embed), pooled as its "
         "sentence-transformers modules.json says or else from the last token, normalized (default auto: pooling "
@@ -207,7 +241,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                                help=setting.help)
         else:
             metavar = "{" + ",".join(setting.choices) + "}" if setting.choices else setting.metavar
-            group.add_argument(flag_name(name), default=default, metavar=metavar, help=setting.help)
+            group.add_argument(flag_name(name), default=default, metavar=metavar, help=setting.help,
+                               **({"nargs": setting.nargs} if setting.nargs else {}))
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:

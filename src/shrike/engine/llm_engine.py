@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from shrike.engine.block_manager import BlockManager
 from shrike.engine.config import EngineConfig
+from shrike.engine.lora import LoRAManager, LoRARequest
 from shrike.engine.model_runner import ModelRunner
 from shrike.engine.pooling import PoolingParams, PoolingState, load_pooler, resolve_runner, runner_asked
 from shrike.engine.scheduler import Scheduler
@@ -69,11 +70,17 @@ class LLMEngine:
         # Checked before anything loads: a wrong config is a one-line error, not a slow start and then one.
         spec_config = parse_speculative_config(config.speculative_config)
         asked_runner = runner_asked(config.runner, config.task)
+        if not config.enable_lora and (config.lora_modules or config.allow_runtime_lora):
+            raise ConfigError("--lora-modules and --allow-runtime-lora need --enable-lora")
+        if config.enable_lora and spec_config is not None:
+            raise ConfigError("--speculative-config cannot be combined with --enable-lora yet (the draft does not "
+                              "know the adapters); leave one of them out")
         self.cores = bind_compute_threads(config.cpu_threads, config.cpu_bind)
         loaded: LoadedModel = load_model(config.model, config.dtype, config.max_model_len, config.chat_template,
                                          progress=config.progress, kernel_backend=config.kernel_backend,
                                          lm_head_quant=config.lm_head_quant,
-                                         activation_quant=config.activation_quant)
+                                         activation_quant=config.activation_quant,
+                                         gguf_weights=config.gguf_weights)
         self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer
         self.dtype = loaded.dtype
@@ -98,10 +105,17 @@ class LLMEngine:
         self.eos_ids = frozenset(self.tokenizer.eos_token_ids)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
                                    self.max_model_len, self.eos_ids)
+        self.lora: LoRAManager | None = None  # before the runner records the forward: adapter slots are in it
+        if config.enable_lora:
+            self.lora = LoRAManager(loaded.model, config.max_loras, config.max_lora_rank)
+            for name, path in config.lora_modules:
+                self.lora.register(name, path)
+            self.scheduler.lora = self.lora
         self.runner = ModelRunner(loaded.model, self.kv_plan.num_blocks, config.block_size, self.kv_dtype,
                                   config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len,
                                   compile=config.compiled_forward,
-                                  output="hidden" if self.pooler is not None else "logits")
+                                  output="hidden" if self.pooler is not None else "logits",
+                                  lora=self.lora is not None)
         self.speculator = None
         if spec_config is not None:
             draft = None
@@ -155,17 +169,35 @@ class LLMEngine:
         if any(not 0 <= t < vocab for t in prompt_ids):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
 
-    def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams | PoolingParams) -> None:
+    def lora_adapter(self, lora_request: LoRARequest | None):
+        """The registered adapter a request runs with (registered from its path on first use), None for the base
+        model; ValueError (a client error) when LoRA is off or the adapter cannot be served."""
+        if lora_request is None:
+            return None
+        if self.lora is None:
+            raise ValueError("this engine serves no LoRA adapters; start it with --enable-lora "
+                             "(LLM(..., enable_lora=True))")
+        try:
+            return self.lora.for_request(lora_request)
+        except ConfigError as error:
+            raise ValueError(str(error)) from None
+
+    def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams | PoolingParams,
+                    lora_request: LoRARequest | None = None) -> None:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         self.check_request(prompt_ids, params)
+        adapter = self.lora_adapter(lora_request)
         if isinstance(params, PoolingParams):
             seq = Sequence(request_id, 0, prompt_ids, SamplingParams(max_tokens=None), self.eos_ids)
+            seq.lora = adapter
             seq.pooling = PoolingState(self.pooler, params)
             self.requests[request_id] = _Request(request_id, list(prompt_ids), params, [seq], [], [], [0])
             self.scheduler.add(seq)
             return
         seqs = [Sequence(request_id, i, prompt_ids, params, self.eos_ids) for i in range(params.n)]
+        for seq in seqs:
+            seq.lora = adapter
         self.requests[request_id] = _Request(
             request_id, list(prompt_ids), params, seqs,
             [IncrementalDecoder(self.tokenizer, params.skip_special_tokens) for _ in seqs],
@@ -250,13 +282,15 @@ class LLMEngine:
 
     # Offline use --------------------------------------------------------------------------
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[list[FinishedSequence]]:
+    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams],
+                 lora_request: LoRARequest | list[LoRARequest | None] | None = None) -> list[list[FinishedSequence]]:
         """Run prompts together to completion -> per prompt, its n finished sequences."""
         params_list = params if isinstance(params, list) else [params] * len(prompts)
+        loras = lora_request if isinstance(lora_request, list) else [lora_request] * len(prompts)
         ids = [f"offline-{next(_offline_ids)}" for _ in prompts]
         results: dict[str, list[FinishedSequence]] = {}
-        for rid, prompt, p in zip(ids, prompts, params_list):
-            self.add_request(rid, prompt, p)
+        for rid, prompt, p, lora in zip(ids, prompts, params_list, loras):
+            self.add_request(rid, prompt, p, lora)
             results[rid] = [FinishedSequence() for _ in range(p.n)]
         while any(rid in self.requests for rid in ids):
             for out in self.step():

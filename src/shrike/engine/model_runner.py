@@ -47,11 +47,13 @@ class _TableRow:
 class ModelRunner:
     def __init__(self, model, num_blocks: int, block_size: int, kv_dtype: torch.dtype,
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 512, max_model_len: int | None = None,
-                 compile: bool = True, output: str = "logits"):
+                 compile: bool = True, output: str = "logits", lora: bool = False):
         """output: "logits" (generation) or "hidden" (the pooling runner: steps yield the final hidden states
-        of the rows pooling reads, and no token is sampled)."""
+        of the rows pooling reads, and no token is sampled). lora: the model's linears have adapter slots
+        (shrike.engine.lora), and each step says which slot every token's sequence uses."""
         c = model.config
         self.output = output
+        self.lora = lora
         self.model = model
         self.block_size = block_size
         self.kv_caches = [KVCache(num_blocks, block_size, c.num_kv_heads, c.head_dim, kv_dtype) for _ in range(c.num_layers)]
@@ -69,6 +71,7 @@ class ModelRunner:
             self._seqs = self.buffers.seqs.numpy()
             self._tables = self.buffers.block_tables.numpy()
             self._logits_rows = self.buffers.logits_rows.numpy()
+            self._lora_slots = self.buffers.lora_slots.numpy()
             self._rows: dict[int, _TableRow] = {}  # seq_id -> its block-table row
             self._free_rows = list(range(max_num_seqs - 1, -1, -1))
             self.compiled = CompiledTape(tape, model.ops, self.buffers, block_size, self.kv_caches[0].key.shape[0],
@@ -200,6 +203,8 @@ class ModelRunner:
             else:
                 token_ids[t:t + n] = seq.token_ids[start:start + n]
             seqs[b] = (self._table_row(seq), start, n)
+            if self.lora:
+                self._lora_slots[t:t + n] = -1 if seq.lora is None else seq.lora.slot
             t += n
         self._logits_rows[:len(logits_rows)] = logits_rows
         return self.compiled.run(len(batch), num_tokens, len(logits_rows))
@@ -239,6 +244,8 @@ class ModelRunner:
             block_size=self.block_size,
             logits_rows=torch.tensor(logits_rows, dtype=torch.int64),
             use_long_rope=torch.tensor(use_long) if use_long else None,
+            lora_slots=torch.tensor([-1 if item.seq.lora is None else item.seq.lora.slot for item in batch
+                                     for _ in range(item.num_tokens)], dtype=torch.int32) if self.lora else None,
         )
         if self.output == "hidden":
             return self.model.forward(step, self.kv_caches, output="hidden")

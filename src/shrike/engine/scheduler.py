@@ -41,6 +41,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self.lora = None  # the engine's shrike.engine.lora.LoRAManager when LoRA is on: running sequences hold slots
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -79,6 +80,9 @@ class Scheduler:
             if not self.block_manager.can_grow(seq, num_tokens):
                 # A waiting sequence must hold no blocks, or two of them can starve each other.
                 self.block_manager.release(seq)
+                break
+            if seq.lora is not None and not self.lora.acquire(seq.lora):
+                self.block_manager.release(seq)  # every adapter slot is in use: wait for one
                 break
             self.waiting.popleft()
             self.block_manager.grow(seq, num_tokens)
@@ -163,6 +167,8 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
+        if seq.lora is not None:
+            self.lora.release(seq.lora)
         self.block_manager.release(seq)
         if self.speculator is not None:
             self.speculator.forget(seq)
@@ -178,6 +184,8 @@ class Scheduler:
             return
         if seq.status == SequenceStatus.RUNNING:
             self.running.remove(seq)
+            if seq.lora is not None:
+                self.lora.release(seq.lora)
         elif seq.status == SequenceStatus.WAITING:
             self.waiting.remove(seq)
         self.block_manager.release(seq)

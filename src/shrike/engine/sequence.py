@@ -39,6 +39,7 @@ class Sequence:
             generator = torch.Generator().manual_seed(params.seed + index)
         self.spec_state = None  # the speculator's per-sequence figures, once it proposes for it
         self.pooling = None  # an embedding request's shrike.engine.pooling.PoolingState: no tokens are generated
+        self.lora = None  # the shrike.engine.lora.RegisteredAdapter it runs with (None: the base model)
         self.sampling_row = SamplingRow(params, self.token_ids[:self.num_prompt_tokens], [], eos_ids, generator)
 
     @property

@@ -33,11 +33,13 @@ class StepBuffers:
     seqs: torch.Tensor  # (max_seqs, 3) int32: block-table row, tokens already cached, new tokens
     block_tables: torch.Tensor  # (max_seqs, max_blocks_per_seq) int32, one row per running sequence
     logits_rows: torch.Tensor  # (max_tokens,) int32: token rows whose logits are wanted
+    lora_slots: torch.Tensor  # (max_tokens,) int32: each token's LoRA adapter slot, -1: none
 
     @classmethod
     def allocate(cls, max_tokens: int, max_seqs: int, max_blocks: int) -> "StepBuffers":
         return cls(torch.zeros(max_tokens, dtype=torch.int64), torch.zeros(max_seqs, 3, dtype=torch.int32),
-                   torch.zeros(max_seqs, max_blocks, dtype=torch.int32), torch.zeros(max_tokens, dtype=torch.int32))
+                   torch.zeros(max_seqs, max_blocks, dtype=torch.int32), torch.zeros(max_tokens, dtype=torch.int32),
+                   torch.full((max_tokens,), -1, dtype=torch.int32))
 
 
 class CompiledTape:
@@ -55,6 +57,9 @@ class CompiledTape:
         }
         exe.set_inputs(inputs.token_ids, inputs.seqs, inputs.block_tables, inputs.logits_rows,
                        *(self.derived[k] for k in ("slot_mapping", "query_start", "context_lens", "block_tables")))
+        lora = next((e.args[1] for e in tape.entries if e.op == "lora"), None)
+        if lora is not None:
+            exe.set_lora_slots(inputs.lora_slots, lora.shrink.shape[0])
         self.rope_rows = []  # (cos, sin) (max_tokens, head_dim) per rotary table
         for rotary in tape.ropes:
             long_table = getattr(rotary, "cos_sin_long", None)
@@ -153,7 +158,14 @@ class CompiledTape:
             exe.softcap(x.id, x.rows, x.width, cap)
         elif op == "moe":
             x, router_logits, experts, out, top_k, normalize = a
-            exe.moe(x.id, router_logits.id, *experts.tape_linears(), out.id, top_k, normalize, _DTYPE_NAMES[x.dtype])
+            exe.moe(x.id, router_logits.id, *experts.tape_linears(), out.id, top_k, normalize, _DTYPE_NAMES[x.dtype],
+                    experts.shared)
+        elif op == "lora":
+            x, adapters, _, out = a
+            if x.rows != TOKENS:
+                raise ValueError("LoRA adapters apply to token rows only")
+            exe.lora(x.id, out.id, adapters.shrink, adapters.expand, adapters.ranks, adapters.part_end,
+                     _DTYPE_NAMES[x.dtype], _DTYPE_NAMES[out.dtype])
         elif op == "gather_rows":
             x, out = a
             exe.gather_rows(x.id, out.id, x.width * x.dtype.itemsize)
@@ -202,6 +214,8 @@ class CompiledTape:
             return self.inputs.token_ids[:num_tokens]
         if value.name == "slot_mapping":
             return self.derived["slot_mapping"][:num_tokens]
+        if value.name == "lora_slots":
+            return self.inputs.lora_slots[:num_tokens]
         if value.name == "query_start":
             return self.derived["query_start"][:num_seqs + 1]
         if value.name == "context_lens":

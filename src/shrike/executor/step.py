@@ -27,6 +27,7 @@ class EagerStep:
     block_size: int
     logits_rows: torch.Tensor  # (L,) int64 rows of T whose logits are wanted
     use_long_rope: torch.Tensor | None = None  # (T,) bool, LongRoPE models only
+    lora_slots: torch.Tensor | None = None  # (T,) int32 LoRA adapter slot of each token, -1: none (LoRA on only)
 
     @property
     def tokens(self) -> int:
@@ -49,9 +50,9 @@ class EagerStep:
 
     @classmethod
     def prefill(cls, ops, token_ids: torch.Tensor, block_size: int, logits_rows: torch.Tensor,
-                long_threshold: int | None = None) -> "EagerStep":
+                long_threshold: int | None = None, lora_slot: int = -1) -> "EagerStep":
         """One sequence of token_ids (T,) from an empty cache whose blocks are 0, 1, 2, ... in order
-        (perplexity, and tests that call a model's forward directly)."""
+        (perplexity, and tests that call a model's forward directly), every token on LoRA slot `lora_slot`."""
         n = int(token_ids.shape[0])
         blocks = -(-n // block_size)
         return cls(ops=ops, token_ids=token_ids.to(torch.int64), positions=torch.arange(n),
@@ -59,4 +60,5 @@ class EagerStep:
                    attention=(torch.arange(blocks, dtype=torch.int32).reshape(1, blocks),
                               torch.tensor([0, n], dtype=torch.int32), torch.tensor([n], dtype=torch.int32)),
                    logits_rows=logits_rows.to(torch.int64),
-                   use_long_rope=None if long_threshold is None else torch.full((n,), n > long_threshold))
+                   use_long_rope=None if long_threshold is None else torch.full((n,), n > long_threshold),
+                   lora_slots=torch.full((n,), lora_slot, dtype=torch.int32))

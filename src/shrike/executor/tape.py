@@ -37,7 +37,7 @@ class Buffer:
 @dataclass(frozen=True)
 class StepInput:
     """Something the executor fills per step: token_ids, slot_mapping, block_tables, query_start,
-    context_lens; or cos / sin of rotary table `rope`."""
+    context_lens, lora_slots; or cos / sin of rotary table `rope`."""
 
     name: str
     rope: int = -1
@@ -87,6 +87,7 @@ class RecordingStep:
         self.block_size = block_size
         self.token_ids = StepInput("token_ids")
         self.slot_mapping = StepInput("slot_mapping")
+        self.lora_slots = StepInput("lora_slots")
         self.attention = (StepInput("block_tables"), StepInput("query_start"), StepInput("context_lens"))
 
     def empty(self, rows: str, *columns: int, dtype: torch.dtype) -> Buffer:

@@ -17,6 +17,10 @@ DenseOp = Callable[[torch.Tensor, "torch.Tensor | DenseTileWeight", "torch.Tenso
 
 class DenseLinear:
     op_name = "dense_linear"
+    # The checkpoint projections fused into the layer, (prefix, out_features) each in output order (what LoRA
+    # adapters name), and the layer's adapter slots once LoRA is on (shrike.layers.lora.LoRASlots).
+    checkpoint_parts: tuple[tuple[str, int], ...] = ()
+    lora = None
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, op: DenseOp):
         """op: the dense_linear the op table resolved, which decides the weight's form (weight_for_op)."""
@@ -30,7 +34,9 @@ class DenseLinear:
         parts = [tensors.get(f"{p}.weight", (n, in_features), dtype) for p, n in zip(prefixes, out_features)]
         biases = [tensors.get(f"{p}.bias", (n,), dtype) for p, n in zip(prefixes, out_features)] if bias else None
         weight = parts[0] if len(parts) == 1 else torch.cat(parts)
-        return cls(weight, None if biases is None else torch.cat(biases), op)
+        layer = cls(weight, None if biases is None else torch.cat(biases), op)
+        layer.checkpoint_parts = tuple(zip(prefixes, out_features))
+        return layer
 
     def __call__(self, step, x, rows):
         """x (rows, in_features) -> (rows, out_features) in x's dtype, through step.ops."""
@@ -38,7 +44,11 @@ class DenseLinear:
 
 
 def run_linear(step, layer, x, rows):
-    """Any linear layer (op_name, weight, bias, out_features) on x (rows, K) -> (rows, N) in x's dtype."""
+    """Any linear layer (op_name, weight, bias, out_features) on x (rows, K) -> (rows, N) in x's dtype; with
+    adapter slots (`lora`), each row's LoRA update is added after the base linear has run for all rows."""
     out = step.empty(rows, layer.out_features, dtype=x.dtype)
     getattr(step.ops, layer.op_name)(x, layer.weight, layer.bias, out)
+    adapters = getattr(layer, "lora", None)
+    if adapters is not None:
+        step.ops.lora(x, adapters, step.lora_slots, out)
     return out

@@ -33,6 +33,9 @@ _TRIM_EVERY_BYTES = 128 << 20
 
 
 class QuantizedLinear:
+    checkpoint_parts: tuple[tuple[str, int], ...] = ()  # as DenseLinear's
+    lora = None
+
     def __init__(self, weight, bias: torch.Tensor | None, format: str, out_features: int):
         self.weight = weight  # backend-specific packed weight, (N, K) logically
         self.bias = bias  # (N,) fp32 or None
@@ -83,7 +86,9 @@ class QuantizedLinearFactory:
             if bias else None
         weight = self._weight(prefixes, layers[0], in_features, out_features)
         format = format_of(weight)
-        return QuantizedLinear(weight, biases, format, sum(out_features))
+        layer = QuantizedLinear(weight, biases, format, sum(out_features))
+        layer.checkpoint_parts, layer.in_features = tuple(zip(prefixes, out_features)), in_features
+        return layer
 
     def _weight(self, prefixes, layer, in_features, out_features):
         name = prefixes[0]
