@@ -36,6 +36,7 @@ GOOD = {
     "kernel_backend": ("reference", "reference"),
     "lm_head_quant": ("int8", "int8"),
     "activation_quant": ("int8", "int8"),
+    "gguf_weights": ("bf16", "bf16"),
     "speculative_config": ('{"method": "ngram", "num_speculative_tokens": 2}',
                            SpeculativeConfig("ngram", 2, prompt_lookup_min=5, prompt_lookup_max=5)),
     "runner": ("pooling", "pooling"),
@@ -52,7 +53,7 @@ BAD = {
     "kv_cache_space": "0", "kv_cache_dtype": "fp8", "chat_template": "no/such/template.jinja",
     "cpu_threads": "0", "cpu_bind": "0-x", "kernel_backend": "cuda", "lm_head_quant": "int4",
     "activation_quant": "fp8", "speculative_config": '{"method": "eagle", "num_speculative_tokens": 2}',
-    "runner": "encode", "task": "classify", "lora_modules": "sql", "max_loras": "0", "max_lora_rank": "0",
+    "gguf_weights": "q4", "runner": "encode", "task": "classify", "lora_modules": "sql", "max_loras": "0", "max_lora_rank": "0",
 }
 
 

@@ -56,9 +56,10 @@ def encode(qtype: Q, weight: np.ndarray, rng: np.random.Generator) -> np.ndarray
     return stored_block_bytes(qtype, *weight.shape, rng)
 
 
-def write_typed_gguf(path: Path, types: list[Q], architecture: str = "llama") -> dict[str, np.ndarray]:
-    """A tiny SentencePiece Llama whose v/o/gate/up/down linears use `types` in turn; returns the
-    stored form of each converted tensor, keyed by its Hugging Face name."""
+def write_typed_gguf(path: Path, types: list[Q], architecture: str = "llama",
+                     slots: list[tuple[int, str, str]] = SLOTS) -> dict[str, np.ndarray]:
+    """A tiny SentencePiece Llama whose linears in `slots` (by default v/o/gate/up/down) use `types` in turn,
+    the others float32; returns the stored form of each typed tensor, keyed by its Hugging Face name."""
     rng = np.random.default_rng(0)
     writer = gguf.GGUFWriter(str(path), architecture)
     writer.add_context_length(64)
@@ -85,7 +86,7 @@ def write_typed_gguf(path: Path, types: list[Q], architecture: str = "llama") ->
 
     add("token_embd.weight", "model.embed_tokens.weight", rng.standard_normal((len(VOCAB), HIDDEN), np.float32), Q.F32)
     add("output_norm.weight", "model.norm.weight", np.ones(HIDDEN, np.float32), Q.F32)
-    typed = {(layer, name): (types[i % len(types)], hf) for i, (layer, name, hf) in enumerate(SLOTS)}
+    typed = {(layer, name): (types[i % len(types)], hf) for i, (layer, name, hf) in enumerate(slots)}
     for layer in range(LAYERS):
         for name in ("attn_norm", "ffn_norm"):
             writer.add_tensor(f"blk.{layer}.{name}.weight", np.ones(HIDDEN, np.float32))
@@ -94,7 +95,7 @@ def write_typed_gguf(path: Path, types: list[Q], architecture: str = "llama") ->
             if (layer, name) in typed:
                 qtype, hf = typed[layer, name]
                 add(f"blk.{layer}.{name}.weight", f"model.layers.{layer}.{hf}.weight", weight, qtype)
-            else:  # q and k: float32, rows as llama.cpp orders them (irrelevant to random weights)
+            else:  # float32 (q and k by default), rows as llama.cpp orders them (irrelevant to random weights)
                 writer.add_tensor(f"blk.{layer}.{name}.weight", weight)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

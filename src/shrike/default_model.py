@@ -75,6 +75,14 @@ def resolve_model(model: str | os.PathLike | None) -> Path:
     )
 
 
+def gguf_source(model: str | os.PathLike | None) -> Path | None:
+    """The GGUF file a model argument names (None: the bundled SmolLM2's), or None for a model directory."""
+    if model is None:
+        return default_gguf_path()
+    path = Path(model).expanduser()
+    return path if path.is_file() and path.suffix.lower() == ".gguf" else None
+
+
 def converted_gguf_dir(gguf_path: Path, progress: bool = True) -> Path:
     """The cached Hugging Face-style conversion of gguf_path, converting it first if no process has yet.
 

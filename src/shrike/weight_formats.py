@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from shrike import _C
-from shrike.kernels import DenseTileWeight, W4A8Weight, W8A8Weight, WeightOnlyWeight
+from shrike.kernels import DenseTileWeight, GroupedWeight, W4A8Weight, W8A8Weight, WeightOnlyWeight
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,9 @@ FORMATS = {
                      lambda w, bias: _C.TapeLinear("w8a8", w.packed, bias, w.n, w.k, 0), _packed_bytes),
         WeightFormat("weight_only", "weight_only_linear", (WeightOnlyWeight,), _weight_only_tape_linear,
                      _weight_only_bytes),
+        WeightFormat("grouped", "grouped_linear", (GroupedWeight,),
+                     lambda w, bias: _C.TapeLinear.grouped(w.packed, w.n, w.k, w.group_size, w.bits, w.has_min, bias),
+                     _packed_bytes),
     )
 }
 LINEAR_OPS = {f.op: f for f in FORMATS.values()}
@@ -80,13 +83,20 @@ class ExpertWeights:
     """The experts of one mixture-of-experts block, all in one weight format: what the `moe` op takes.
 
     gate_up[e] is expert e's gate and up projections fused along the output ((2 * intermediate, hidden),
-    gate rows first), down[e] its down projection ((hidden, intermediate)); no biases."""
+    gate rows first), down[e] its down projection ((hidden, intermediate)); no biases. With a shared intermediate
+    width the last pair is Qwen2-MoE's shared expert, which every row runs, weighted by the sigmoid of the
+    router's last logit."""
 
     op: str  # the linear op of their format (a key of LINEAR_OPS)
     gate_up: list
     down: list
-    intermediate: int
+    intermediate: int  # of the routed experts
+    shared_intermediate: int = 0  # of the shared expert; 0: none
     _tape: tuple | None = None
+
+    @property
+    def shared(self) -> bool:
+        return self.shared_intermediate > 0
 
     def tape_linears(self) -> "tuple[list[_C.TapeLinear], list[_C.TapeLinear]] | None":
         """The executor's description of every expert's linears (built once), or None when the weights are

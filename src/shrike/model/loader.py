@@ -1,17 +1,19 @@
 """From a model argument to a ready model: resolve the directory, read config, load weights."""
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from shrike.default_model import resolve_model
+from shrike.default_model import gguf_source, resolve_model
 from shrike.errors import ConfigError
 from shrike.layers.kv_dtypes import kv_cache_bytes
 from shrike.layers.lm_head import LM_HEAD_QUANT, LMHead, int8_lm_head
 from shrike.model.config import ModelConfig
+from shrike.model.gguf_linear import GGUF_WEIGHTS, GGUFLinearFactory
 from shrike.model.llama import CausalLM
 from shrike.model.weights import CheckpointTensors
 from shrike.platform.memory import KVCachePlan, kv_bytes_per_token, plan_kv_cache, read_memory
@@ -59,11 +61,13 @@ class LoadedModel:
 
 def load_model(model: str | None, dtype: str = "auto", max_model_len: int | None = None,
                chat_template: str | None = None, progress: bool = True, kernel_backend: str = "auto",
-               lm_head_quant: str = "none", activation_quant: str = "none") -> LoadedModel:
+               lm_head_quant: str = "none", activation_quant: str = "none", gguf_weights: str = "native") -> LoadedModel:
     if lm_head_quant not in LM_HEAD_QUANT:
         raise ConfigError(f"--lm-head-quant {lm_head_quant!r} is not known; use {' or '.join(LM_HEAD_QUANT)}")
     if activation_quant not in ACTIVATION_QUANT:
         raise ConfigError(f"--activation-quant {activation_quant!r} is not known; use {' or '.join(ACTIVATION_QUANT)}")
+    if gguf_weights not in GGUF_WEIGHTS:
+        raise ConfigError(f"--gguf-weights {gguf_weights!r} is not known; use {' or '.join(GGUF_WEIGHTS)}")
     model_dir = resolve_model(model)
     config = ModelConfig.from_dir(model_dir)
     registry = build_registry()
@@ -77,6 +81,9 @@ def load_model(model: str | None, dtype: str = "auto", max_model_len: int | None
         scheme = registry.quantization(method)
         extra = {"ops": ops, "activation_quant": activation_quant} if scheme.provider == "shrike" else {}
         make_linear = scheme.target(config, model_dir, torch_dtype, kernel_backend, **extra)
+    gguf_file = gguf_source(model) if gguf_weights == "native" else None
+    if gguf_file is not None:
+        make_linear = GGUFLinearFactory(gguf_file, config, torch_dtype, ops)
     limit = config.max_position_embeddings
     if max_model_len is None:
         max_model_len = limit
@@ -91,6 +98,12 @@ def load_model(model: str | None, dtype: str = "auto", max_model_len: int | None
     net = architecture(config, tensors, torch_dtype, make_linear=make_linear, max_positions=max_model_len,
                        progress=lambda done: bar.update(done - bar.n), ops=ops)
     bar.close()
+    if isinstance(make_linear, GGUFLinearFactory):
+        head = make_linear.lm_head(config.vocab_size) if lm_head_quant == "none" and \
+            isinstance(getattr(net, "lm_head", None), LMHead) else None
+        if head is not None:
+            net.lm_head = head  # the bf16 head and its tiles are freed
+        print(f"shrike: {gguf_file.name}: {make_linear.summary()}", file=sys.stderr)
     if lm_head_quant == "int8":
         if not isinstance(getattr(net, "lm_head", None), LMHead):
             raise ConfigError(f"--lm-head-quant int8 is not supported by the {config.architecture} architecture")

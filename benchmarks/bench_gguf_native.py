@@ -1,0 +1,91 @@
+"""A GGUF file run natively (its quant blocks on the int8 kernels) next to its bf16 conversion and llama.cpp's
+`llama-bench` on the same file, interleaved in one run; then each Shrike mode's resident memory beside the
+file size, each in a fresh process.
+
+    python benchmarks/bench_gguf_native.py MODEL.gguf [--llama-bench PATH] [--reps 5] [--threads 2]
+
+Prefill: a 512-token prompt's time to first token; decode: 32 further greedy tokens at batch 1 (Shrike), and
+`llama-bench -p 512 -n 32` (bench_engine_vs_llamacpp.py's measurements). Medians of --reps rounds, each round
+running every engine once. Resident memory: VmRSS after loading and one short request, with a 64 MiB KV cache.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+MODES = ("native", "bf16")
+
+
+def _sibling(name: str):
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def make_engine(gguf: str, mode: str, threads: int):
+    from shrike.engine.llm_engine import EngineConfig, LLMEngine
+    return LLMEngine(EngineConfig(model=gguf, gguf_weights=mode, max_model_len=2048, max_num_seqs=1,
+                                  max_num_batched_tokens=512, kv_cache_space=0.0625, enable_prefix_caching=False,
+                                  cpu_threads=threads, progress=False))
+
+
+def resident_mib(gguf: str, mode: str, threads: int) -> float:
+    """VmRSS of a fresh process that loaded the model in `mode` and answered one short request."""
+    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+            "from bench_gguf_native import make_engine\n"
+            "from shrike.sampling.params import SamplingParams\n"
+            f"e = make_engine({gguf!r}, {mode!r}, {threads})\n"
+            "e.add_request('r', list(range(100, 164)), SamplingParams(max_tokens=8, temperature=0))\n"
+            "while e.has_unfinished(): e.step()\n"
+            "print(next(l for l in open('/proc/self/status') if l.startswith('VmRSS')).split()[1])\n")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    return int(out.split()[-1]) / 1024
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("gguf")
+    peers = os.environ.get("SHRIKE_PEERS_DIR") or str(Path.home() / ".cache" / "shrike-peers")
+    parser.add_argument("--llama-bench", default=f"{peers}/bench-build/bin/llama-bench")
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args(argv)
+    vs_llamacpp = _sibling("bench_engine_vs_llamacpp")
+
+    engines = {f"shrike-{mode}": make_engine(args.gguf, mode, args.threads) for mode in MODES}
+    for engine in engines.values():
+        vs_llamacpp.shrike_run(engine)  # warm-up
+    runs = {name: [] for name in [*engines, "llama.cpp"]}
+    for _ in range(args.reps):
+        for name, engine in engines.items():
+            runs[name].append(vs_llamacpp.shrike_run(engine))
+        runs["llama.cpp"].append(vs_llamacpp.llama_bench([args.llama_bench], args.gguf, args.threads))
+    del engines
+
+    print(f"{Path(args.gguf).name}, {args.threads} threads, medians of {args.reps} interleaved rounds")
+    print(f"{'engine':<16}{'prefill-512 tok/s':>19}{'decode b1 tok/s':>17}")
+    medians = {}
+    for name, samples in runs.items():
+        medians[name] = statistics.median(s[0] for s in samples), statistics.median(s[1] for s in samples)
+        print(f"{name:<16}{medians[name][0]:>19.1f}{medians[name][1]:>17.2f}")
+    for name in ("shrike-bf16", "llama.cpp"):
+        print(f"shrike-native / {name}: prefill {medians['shrike-native'][0] / medians[name][0]:.2f}x, "
+              f"decode {medians['shrike-native'][1] / medians[name][1]:.2f}x")
+    for name, samples in runs.items():
+        print(f"  {name} runs (prefill, decode): " + ", ".join(f"({p:.1f}, {d:.2f})" for p, d in samples))
+    file_mib = Path(args.gguf).stat().st_size / 2**20
+    for mode in MODES:
+        rss = resident_mib(args.gguf, mode, args.threads)
+        print(f"resident memory, shrike-{mode}: {rss:.0f} MiB (file {file_mib:.0f} MiB, {rss / file_mib:.2f}x; "
+              "process total incl. torch and a 64 MiB KV cache)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

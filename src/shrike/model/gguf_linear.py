@@ -1,0 +1,117 @@
+"""Linear layers of a GGUF file run as the file stores them (the default for `shrike serve model.gguf`).
+
+The make_linear of a model loaded from a GGUF file's conversion: a linear whose tensors are of a type
+in convert.gguf_blocks.TYPES is built from the file's quant blocks, repacked losslessly, instead of
+from the bf16 conversion. Layers all in Q4_0 become W4A8 with groups of 32 (the same numbers: int4 in
+[-8, 7] with one scale per 32); every other mix becomes a grouped weight (kernels.GroupedWeight), in
+groups of 16 when any part has them (a group of 32 is two of 16 with the same scale and min), 4-bit
+when every part is. Layers of other types (F16, BF16, F32, Q2_K, Q3_K, the other i-quants) load from
+the bf16 conversion as before. The embedding and a tied lm_head always come from the conversion.
+"""
+from __future__ import annotations
+
+import re
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from shrike.convert.gguf import open_gguf
+from shrike.convert.gguf_blocks import TYPES, GroupedBlocks, grouped_blocks
+from shrike.convert.llama_weights import LAYER_NAMES, undo_rope_permutation
+from shrike.kernels import GroupedWeight, W4A8Weight
+from shrike.layers.linear import DenseLinear
+from shrike.layers.lm_head import LMHead
+from shrike.model.config import ModelConfig
+from shrike.model.weights import CheckpointTensors
+from shrike.quantization.loading import QuantizedLinear
+
+_GGUF_PART = {hf: gguf for gguf, hf in LAYER_NAMES.items()}
+_LAYER_PREFIX = re.compile(r"model\.layers\.(\d+)\.(.+)")
+GGUF_WEIGHTS = ("native", "bf16")  # --gguf-weights
+
+
+def gguf_tensor_name(prefix: str) -> str | None:
+    """The GGUF name of a Hugging Face linear (model.layers.3.mlp.down_proj -> blk.3.ffn_down.weight)."""
+    match = _LAYER_PREFIX.fullmatch(prefix)
+    if match is None or match.group(2) not in _GGUF_PART:
+        return None
+    return f"blk.{match.group(1)}.{_GGUF_PART[match.group(2)]}.weight"
+
+
+class GGUFLinearFactory:
+    def __init__(self, gguf_path: Path, config: ModelConfig, dtype: torch.dtype, ops):
+        reader = open_gguf(gguf_path)
+        self.tensors = {t.name: t for t in reader.tensors}
+        # llama.cpp reorders the q and k rows of 'llama' files for its rotary layout (llama_weights.py)
+        architecture = str(bytes(reader.fields["general.architecture"].parts[-1]), "utf-8")
+        self.rope_heads = {"attn_q": config.num_heads, "attn_k": config.num_kv_heads} if architecture == "llama" else {}
+        self.dtype, self.ops = dtype, ops
+        self.native: Counter[str] = Counter()  # GGUF type name -> tensors run from the file's blocks
+        self.converted: Counter[str] = Counter()  # GGUF type name -> tensors loaded from the bf16 conversion
+        self.description = "Repacking"
+        self.head = "not the lm_head"  # whether lm_head() gave the head
+
+    def __call__(self, tensors: CheckpointTensors, prefixes: list[str], in_features: int, out_features: list[int],
+                 bias: bool):
+        names = [gguf_tensor_name(p) for p in prefixes]
+        parts = [self.tensors.get(name) if name else None for name in names]
+        if bias or any(p is None or p.tensor_type not in TYPES or in_features % 32 for p in parts):
+            for p in parts:
+                self.converted[p.tensor_type.name if p is not None else "unnamed"] += 1
+            return DenseLinear.load(tensors, prefixes, in_features, out_features, bias, self.dtype,
+                                    self.ops.dense_linear)
+        blocks = [self._blocks(p, n) for p, n in zip(parts, out_features)]
+        for p in parts:
+            self.native[p.tensor_type.name] += 1
+        weight, format = _weight(blocks)
+        return QuantizedLinear(weight, None, format, sum(out_features))
+
+    def lm_head(self, vocab_size: int) -> LMHead | None:
+        """The lm_head from the file's blocks (output.weight, or the tied token_embd.weight), or None when
+        their type has no kernel (the head then stays the bf16 conversion's)."""
+        tensor = self.tensors.get("output.weight") or self.tensors.get("token_embd.weight")
+        if tensor.tensor_type not in TYPES or int(tensor.shape[0]) % 32:
+            return None
+        weight, format = _weight([self._blocks(tensor, vocab_size)])
+        self.native[tensor.tensor_type.name] += 1
+        self.head = "the lm_head"
+        return LMHead(weight, vocab_size, f"{format}_linear")
+
+    def _blocks(self, tensor, rows: int) -> GroupedBlocks:
+        k = int(tensor.shape[0])  # GGUF lists the input dimension first
+        blocks = grouped_blocks(tensor.data, tensor.tensor_type, rows, k)
+        heads = self.rope_heads.get(tensor.name.split(".")[-2])
+        if heads:
+            source_row = undo_rope_permutation(np.arange(rows)[:, None], heads)[:, 0]
+            blocks = blocks.rows(source_row)
+        return blocks
+
+    def summary(self) -> str:
+        """The start-up line: which tensors run from the file's blocks and which were converted."""
+        def listed(counts: Counter) -> str:
+            return ", ".join(f"{n} {t}" for t, n in sorted(counts.items()))
+        native = sum(self.native.values())
+        line = f"{native} linear tensors run natively from the GGUF blocks ({listed(self.native) or 'none'}), " \
+               f"{self.head} among them"
+        if self.converted:
+            line += f"; {sum(self.converted.values())} converted to bf16 ({listed(self.converted)})"
+        return line + "; the embedding table from the bf16 conversion"
+
+
+def _weight(blocks: list[GroupedBlocks]) -> tuple[object, str]:
+    """One packed weight for parts fused along the output, and its format."""
+    if all(b.type_name == "Q4_0" for b in blocks):
+        values = torch.from_numpy(np.concatenate([b.values for b in blocks]))
+        scale = torch.from_numpy(np.concatenate([b.scale for b in blocks]))
+        return W4A8Weight.from_int8(values, scale, 32), "w4a8"
+    group = min(b.group for b in blocks)
+    blocks = [b.regrouped(group) if b.group != group else b for b in blocks]
+    has_min = any(b.min is not None for b in blocks)
+    values = torch.from_numpy(np.concatenate([b.values for b in blocks]))
+    scale = torch.from_numpy(np.concatenate([b.scale for b in blocks]))
+    mins = torch.from_numpy(np.concatenate([b.min if b.min is not None else np.zeros_like(b.scale)
+                                            for b in blocks])) if has_min else None
+    bits = 4 if all(b.bits == 4 for b in blocks) else 8
+    return GroupedWeight.from_values(values, scale, mins, group, bits), "grouped"
