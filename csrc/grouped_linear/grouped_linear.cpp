@@ -27,6 +27,7 @@ const Variant<GroupedTiles, GroupedCall> kGrouped[] = {
 #if defined(SHRIKE_X86)
     {Isa::avx512vnni, avx512vnni::grouped_tiles},
     {Isa::avxvnni, avxvnni::grouped_tiles},
+    {Isa::avx2, avx2::grouped_tiles},
 #endif
     {Isa::scalar, ref::grouped_tiles},
 };

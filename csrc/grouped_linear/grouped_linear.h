@@ -60,6 +60,7 @@ const char* grouped_variant(int64_t m);
 
 #define SHRIKE_DECLARE_GROUPED_TILES void grouped_tiles(const GroupedProblem& p, int64_t tile_begin, int64_t tile_end);
 namespace ref { SHRIKE_DECLARE_GROUPED_TILES }
+namespace avx2 { SHRIKE_DECLARE_GROUPED_TILES }
 namespace avxvnni { SHRIKE_DECLARE_GROUPED_TILES }
 namespace avx512vnni { SHRIKE_DECLARE_GROUPED_TILES }
 #undef SHRIKE_DECLARE_GROUPED_TILES

@@ -1,0 +1,102 @@
+// Grouped linear with AVX2 maddubs for CPUs without vpdpbusd (Zen 2/3, Haswell..Coffee Lake).
+// maddubs multiplies unsigned by signed bytes and adds pairs into saturating int16, so:
+//   4-bit values (0..15) are the unsigned operand as stored; a pair is at most 2 * 15 * 127 = 3810,
+//   and the 8 maddubs of a 32-value group still sum exactly in int16 before widening;
+//   int8 values go in as |w| with the sign moved onto the activation (pair at most 2 * 128 * 127),
+//   widened to int32 after every maddubs.
+// Both give the exact int32 dot of each group, so the float epilogue matches grouped_ref.cpp bit for bit.
+#include <immintrin.h>
+
+#include <algorithm>
+
+#include "grouped_linear/grouped_layout.h"
+#include "linear/epilogue_avx2.h"
+
+namespace shrike::avx2 {
+
+namespace {
+
+// MR rows x one 8-column tile over all of K.
+template <int BITS, bool MIN, int MR>
+void rows_x_tile(const GroupedProblem& p, int64_t i0, int64_t t) {
+  const GroupedWeight& wt = p.w;
+  const int64_t groups = wt.k / wt.group, blocks = wt.k / kGroupedActivationBlock;
+  const uint8_t* w = wt.packed + t * grouped_tile_bytes(wt);
+  const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+  const int8_t* q[MR];
+  for (int r = 0; r < MR; ++r) q[r] = p.q + (i0 + r) * wt.k;
+  __m256 acc[MR];
+  for (int r = 0; r < MR; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t k0 = g * wt.group;
+    __m256i isum[MR];
+    if constexpr (BITS == 4) {
+      __m256i pair_sums[MR];
+      for (int r = 0; r < MR; ++r) pair_sums[r] = _mm256_setzero_si256();
+      for (int64_t kb = k0; kb < k0 + wt.group; kb += 8, w += 32) {
+        __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+        __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+        for (int r = 0; r < MR; ++r) {
+          pair_sums[r] = _mm256_add_epi16(pair_sums[r], _mm256_maddubs_epi16(lo, broadcast4(q[r] + kb)));
+          pin_in_register(pair_sums[r]);
+          pair_sums[r] = _mm256_add_epi16(pair_sums[r], _mm256_maddubs_epi16(hi, broadcast4(q[r] + kb + 4)));
+          pin_in_register(pair_sums[r]);
+        }
+      }
+      for (int r = 0; r < MR; ++r) isum[r] = _mm256_madd_epi16(pair_sums[r], ones);
+    } else {
+      for (int r = 0; r < MR; ++r) isum[r] = _mm256_setzero_si256();
+      for (int64_t kb = k0; kb < k0 + wt.group; kb += 4, w += 32) {
+        __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+        __m256i magnitude = _mm256_sign_epi8(v, v);
+        for (int r = 0; r < MR; ++r) {
+          __m256i signed_q = _mm256_sign_epi8(broadcast4(q[r] + kb), v);
+          isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, signed_q), ones));
+        }
+      }
+    }
+    const __m256 scale = _mm256_loadu_ps(reinterpret_cast<const float*>(w));
+    const int64_t b = k0 / kGroupedActivationBlock;
+    for (int r = 0; r < MR; ++r) {
+      const int64_t i = i0 + r;
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(scale, _mm256_set1_ps(p.x_scale[i * blocks + b])),
+                               acc[r]);
+      if constexpr (MIN)
+        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(p.x_min[i * groups + g]),
+                                 _mm256_loadu_ps(reinterpret_cast<const float*>(w + 32)), acc[r]);
+    }
+    w += MIN ? 64 : 32;
+  }
+  const int valid = static_cast<int>(std::min<int64_t>(kTileRows, wt.n - t * kTileRows));
+  const __m256 bias = load_bias(p.bias, t * kTileRows, valid);
+  for (int r = 0; r < MR; ++r)
+    store_row(p.out, p.out_dtype, (i0 + r) * wt.n + t * kTileRows, _mm256_add_ps(acc[r], bias), valid);
+}
+
+template <int BITS, bool MIN>
+void walk(const GroupedProblem& p, int64_t tile_begin, int64_t tile_end) {
+  constexpr int kRows = 4;  // 4 rows keep the int16 sums, one weight vector and its halves in 16 ymm
+  for (int64_t t = tile_begin; t < tile_end; ++t) {
+    int64_t i = 0;
+    for (; i + kRows <= p.m; i += kRows) rows_x_tile<BITS, MIN, kRows>(p, i, t);
+    switch (p.m - i) {
+      case 3: rows_x_tile<BITS, MIN, 3>(p, i, t); break;
+      case 2: rows_x_tile<BITS, MIN, 2>(p, i, t); break;
+      case 1: rows_x_tile<BITS, MIN, 1>(p, i, t); break;
+      default: break;
+    }
+  }
+}
+
+}  // namespace
+
+void grouped_tiles(const GroupedProblem& p, int64_t tile_begin, int64_t tile_end) {
+  if (p.w.bits == 8) {
+    if (p.w.has_min) return walk<8, true>(p, tile_begin, tile_end);
+    return walk<8, false>(p, tile_begin, tile_end);
+  }
+  if (p.w.has_min) return walk<4, true>(p, tile_begin, tile_end);
+  walk<4, false>(p, tile_begin, tile_end);
+}
+
+}  // namespace shrike::avx2
