@@ -17,8 +17,10 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Any
 
 from shrike.engine.llm_engine import LLMEngine, RequestOutput
+from shrike.engine.lora import LoRARequest
 from shrike.sampling.params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -80,6 +82,12 @@ class _Abort:
     request_ids: list[str]
 
 
+@dataclass
+class _Call:
+    function: Callable[[LLMEngine], object]
+    done: Future = field(default_factory=Future)
+
+
 class _Stop:
     pass
 
@@ -103,6 +111,7 @@ class Generation:
     prompts: list[list[int]]
     params: SamplingParams
     release: Callable[["Generation"], None]
+    lora: LoRARequest | None = None  # the LoRA adapter its prompts run with (None: the base model)
     arrival_time: float = field(default_factory=time.monotonic)
     admitted: Future = field(default_factory=Future)
     outputs: asyncio.Queue = field(default_factory=asyncio.Queue)
@@ -184,7 +193,8 @@ class AsyncEngine:
     def is_running(self) -> bool:
         return not self._stopped and self._thread is not None and self._thread.is_alive()
 
-    async def submit(self, prompts: list[list[int]], params: SamplingParams) -> Generation:
+    async def submit(self, prompts: list[list[int]], params: SamplingParams, lora: LoRARequest | None = None
+                     ) -> Generation:
         """Admit every prompt or none.
 
         Raises ValueError when a prompt can never be served (a client error), QueueFullError when
@@ -196,7 +206,7 @@ class AsyncEngine:
         # a 503 would only invite retrying it. check_request reads fixed limits, safe off the engine thread.
         for prompt in prompts:
             self.engine.check_request(prompt, params)
-        generation = Generation(prompts, params, self._release)
+        generation = Generation(prompts, params, self._release, lora)
         if generation.num_sequences > self.capacity:
             raise ValueError(f"this request needs {generation.num_sequences} sequences (prompts times n) but the "
                              f"server holds at most {self.capacity} at once; split it")
@@ -217,6 +227,15 @@ class AsyncEngine:
             raise
         self.observer.on_admitted(sum(len(p) for p in prompts))
         return generation
+
+    async def call(self, function: Callable[[LLMEngine], Any]) -> Any:
+        """function(engine) on the engine thread between two steps (loading and unloading LoRA adapters) ->
+        its result, or what it raised."""
+        if not self.is_running:
+            raise EngineStoppedError("the server is shutting down")
+        call = _Call(function)
+        self._commands.put(call)
+        return await asyncio.wrap_future(call.done)
 
     def _has_room(self, num_sequences: int, reserved: int = 0) -> bool:
         return self._sequences_in_flight + num_sequences + reserved <= self.capacity
@@ -333,8 +352,14 @@ class AsyncEngine:
                 self._longest_step_seconds = max(self._longest_step_seconds, time.monotonic() - started)
             self._call_loop(self._deliver, outputs, failures, self._measure_load())
 
-    def _apply(self, command: _Submit | _Abort) -> None:
+    def _apply(self, command: _Submit | _Abort | _Call) -> None:
         engine = self.engine
+        if isinstance(command, _Call):
+            try:
+                command.done.set_result(command.function(engine))
+            except Exception as e:  # noqa: BLE001 - handed to the caller
+                command.done.set_exception(e)
+            return
         if isinstance(command, _Abort):
             for rid in command.request_ids:
                 engine.abort(rid)
@@ -344,7 +369,7 @@ class AsyncEngine:
             for prompt in generation.prompts:
                 engine.check_request(prompt, generation.params)
             for rid, prompt in zip(generation.request_ids, generation.prompts):
-                engine.add_request(rid, prompt, generation.params)
+                engine.add_request(rid, prompt, generation.params, generation.lora)
         except Exception as e:  # noqa: BLE001 - handed to the client: ValueError is its mistake, others ours
             for rid in generation.request_ids:
                 engine.abort(rid)

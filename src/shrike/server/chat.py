@@ -32,7 +32,7 @@ def _reject_unsupported(body: ChatCompletionRequest) -> None:
 
 
 async def create_chat_completion(body: ChatCompletionRequest, request: Request, ctx: ServerContext) -> Response:
-    ctx.check_model(body.model)
+    lora = ctx.check_model(body.model)
     _reject_unsupported(body)
     plan = plan_tools(body, ctx)
     grammar = requested_grammar(body)
@@ -52,7 +52,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request, 
             params.grammar = AfterReasoning(params.grammar, ctx.tokenizer.encode(CLOSE, add_special_tokens=False))
     if plan.parser is not None and plan.parser.keeps_special_tokens:
         params.skip_special_tokens = False  # the format's markers are special tokens
-    generation = await submit(ctx, [prompt_ids], params, PARAM_NAMES, "messages")
+    generation = await submit(ctx, [prompt_ids], params, PARAM_NAMES, "messages", lora)
     response_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     if body.stream:

@@ -62,7 +62,7 @@ def _reject_unsupported(body: CompletionRequest) -> None:
 
 
 async def create_completion(body: CompletionRequest, request: Request, ctx: ServerContext) -> Response:
-    ctx.check_model(body.model)
+    lora = ctx.check_model(body.model)
     _reject_unsupported(body)
     prompts = await _prompts(ctx, body.prompt)
     # echo with max_tokens 0 scores the prompt: one token is computed (the prompt's logprobs come with it) and dropped.
@@ -76,7 +76,7 @@ async def create_completion(body: CompletionRequest, request: Request, ctx: Serv
     grammar = requested_grammar(body)
     if grammar is not None:
         params.grammar = await compile_grammar(ctx, grammar)
-    generation = await submit(ctx, [p.ids for p in prompts], params, PARAM_NAMES, "prompt")
+    generation = await submit(ctx, [p.ids for p in prompts], params, PARAM_NAMES, "prompt", lora)
     response_id = f"cmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     num_prompt_tokens = sum(len(p.ids) for p in prompts)

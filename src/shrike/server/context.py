@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import jinja2
 
 from shrike.engine.async_engine import AsyncEngine
+from shrike.engine.lora import LoRARequest
 from shrike.sampling.grammar import GrammarCompiler
 from shrike.server.errors import APIError, bad_request, raised_by_shrike
 from shrike.server.metrics import ServerMetrics
@@ -66,11 +67,24 @@ class ServerContext:
     def model_name(self) -> str:
         return self.served_model_names[0]
 
-    def check_model(self, name: str | None) -> None:
-        if name is not None and name not in self.served_model_names:
+    @property
+    def lora_adapters(self) -> list[str]:
+        """Names of the LoRA adapters served beside the base model (--lora-modules and loaded at run time)."""
+        lora = self.async_engine.engine.lora
+        return [] if lora is None else list(lora.adapters)
+
+    def check_model(self, name: str | None) -> LoRARequest | None:
+        """The LoRA adapter the request's `model` names, None for the base model; 404 naming what is served when
+        it is neither."""
+        if name is None or name in self.served_model_names:
+            return None
+        lora = self.async_engine.engine.lora
+        registered = None if lora is None else lora.adapters.get(name)
+        if registered is None:
             raise APIError(f"the model {name!r} does not exist; this server serves "
-                           f"{', '.join(repr(n) for n in self.served_model_names)}", 404,
+                           f"{', '.join(repr(n) for n in self.served_model_names + self.lora_adapters)}", 404,
                            param="model", code="model_not_found")
+        return LoRARequest(name, registered.cache_key[1], str(registered.adapter.path))
 
     async def tokenize(self, text: str, add_special_tokens: bool, param: str) -> list[int]:
         """`encode` on a tokenizing thread."""

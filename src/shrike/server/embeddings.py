@@ -63,7 +63,7 @@ async def _inputs(ctx: ServerContext, value: str | list[str] | list[int] | list[
 
 
 async def create_embeddings(body: EmbeddingRequest, request: Request, ctx: ServerContext) -> Response:
-    ctx.check_model(body.model)
+    lora = ctx.check_model(body.model)
     if ctx.async_engine.engine.pooler is None:
         raise bad_request("this server runs its model for generation; to serve /v1/embeddings start it as an "
                           "embedding model: shrike serve MODEL --runner pooling", "model")
@@ -75,7 +75,7 @@ async def create_embeddings(body: EmbeddingRequest, request: Request, ctx: Serve
                               "truncate_prompt_tokens")
         keep = ctx.max_model_len if keep == -1 else keep
         prompts = [p[-keep:] for p in prompts]
-    generation = await submit(ctx, prompts, PoolingParams(dimensions=body.dimensions), PARAM_NAMES, "input")
+    generation = await submit(ctx, prompts, PoolingParams(dimensions=body.dimensions), PARAM_NAMES, "input", lora)
     outputs = await outputs_until_disconnect(generation, request)
     if outputs is None:
         return Response(status_code=499)  # nobody is listening; the status only reaches the access log

@@ -12,6 +12,7 @@ from starlette.types import Receive, Scope, Send
 
 from shrike.engine.async_engine import Generation
 from shrike.engine.llm_engine import RequestOutput
+from shrike.engine.lora import LoRARequest
 from shrike.sampling.params import SamplingParams
 from shrike.sampling.sampler import TokenLogprobs
 from shrike.server.context import ServerContext
@@ -22,9 +23,9 @@ MIN_LOGPROB = -9999.0
 
 
 async def submit(ctx: ServerContext, prompts: list[list[int]], params: SamplingParams,
-                 param_names: set[str], prompt_param: str) -> Generation:
+                 param_names: set[str], prompt_param: str, lora: LoRARequest | None = None) -> Generation:
     try:
-        return await ctx.async_engine.submit(prompts, params)
+        return await ctx.async_engine.submit(prompts, params, lora)
     except Exception as e:  # noqa: BLE001 - from_engine_error re-raises what is not the client's doing
         raise from_engine_error(e, param_names, prompt_param) from None
 

@@ -238,3 +238,14 @@ class TokenizeRequest(_Request):
 class DetokenizeRequest(_Request):
     model: str | None = None
     tokens: list[int]
+
+
+class LoadLoRAAdapterRequest(_Request):
+    """vLLM's /v1/load_lora_adapter body: a PEFT adapter directory served as model=lora_name."""
+
+    lora_name: str = Field(min_length=1)
+    lora_path: str = Field(min_length=1)
+
+
+class UnloadLoRAAdapterRequest(_Request):
+    lora_name: str = Field(min_length=1)
