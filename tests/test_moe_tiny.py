@@ -1,6 +1,7 @@
-"""Mixture-of-experts models (Qwen3-MoE, Mixtral) on tiny random checkpoints saved by transformers: logits and
+"""Mixture-of-experts models (Qwen3-MoE, Qwen2-MoE, Mixtral) on tiny random checkpoints saved by transformers: logits and
 greedy text against transformers, the compiled forward against the eager one bit for bit (fp32, bf16 and
-quantized experts), and the moe op itself: batch invariance, a row routed to every expert, router ties."""
+quantized experts), and the moe op itself: batch invariance, a row routed to every expert, router ties, a shared
+expert."""
 from __future__ import annotations
 
 
@@ -32,6 +33,10 @@ VARIANTS = {
                                                        num_experts_per_tok=2, moe_intermediate_size=64,
                                                        norm_topk_prob=True)),
     "mixtral": (transformers.MixtralConfig, dict(num_hidden_layers=2, num_local_experts=4, num_experts_per_tok=2)),
+    # a shared expert wider than the routed ones, behind its sigmoid gate; q/k/v biases
+    "qwen2moe": (transformers.Qwen2MoeConfig, dict(num_hidden_layers=2, num_experts=6, num_experts_per_tok=2,
+                                                  moe_intermediate_size=32, shared_expert_intermediate_size=48,
+                                                  norm_topk_prob=False)),
 }
 
 
@@ -64,7 +69,7 @@ def test_prefill_logits_match_transformers(tiny, kind):
     torch.testing.assert_close(got, expected, atol=2e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("kind", ["qwen3moe", "mixtral"])
+@pytest.mark.parametrize("kind", ["qwen3moe", "mixtral", "qwen2moe"])
 def test_greedy_generation_matches_transformers(tiny, kind):
     directory, hf = tiny[kind]
     engine = LLMEngine(EngineConfig(model=str(directory), dtype="float32", max_model_len=256, progress=False))
@@ -78,7 +83,7 @@ def test_greedy_generation_matches_transformers(tiny, kind):
         assert out.token_ids == ref
 
 
-@pytest.mark.parametrize("kind", ["qwen3moe", "mixtral"])
+@pytest.mark.parametrize("kind", ["qwen3moe", "mixtral", "qwen2moe"])
 def test_compiled_equals_eager_fp32(tiny, kind):
     _assert_same_logits(tiny[kind][0], "float32")
 
@@ -178,6 +183,25 @@ def _mixture(x, experts, chosen, weights):
         act = torch.nn.functional.silu(x.float() @ gate_up[:inter].T) * (x.float() @ gate_up[inter:].T)
         total += w * (act @ down.T)
     return total
+
+
+def test_a_shared_expert_runs_on_every_row_behind_its_sigmoid_gate():
+    """Qwen2-MoE: the last expert (of its own width) runs on every row, weighted by the sigmoid of the router's
+    last logit, beside the top-k routed experts; a row's result does not depend on the rows beside it."""
+    routed = _random_experts(5, 64, 32, "bf16")
+    shared = _random_experts(1, 64, 48, "bf16")
+    experts = ExpertWeights("dense_linear", routed.gate_up + shared.gate_up, routed.down + shared.down, 32, 48)
+    g = torch.Generator().manual_seed(7)
+    x, logits = torch.randn(9, 64, generator=g).bfloat16(), torch.randn(9, 6, generator=g)
+    got = _run(moe_kernel, x, logits, experts, 2, False)
+    torch.testing.assert_close(got.float(), _run(moe_reference, x, logits, experts, 2, False).float(), atol=0,
+                               rtol=2 ** -7)
+    for t in range(9):
+        assert torch.equal(_run(moe_kernel, x[t:t + 1], logits[t:t + 1], experts, 2, False)[0], got[t]), f"row {t}"
+        probs = torch.softmax(logits[t, :5], -1)
+        top = torch.topk(probs, 2).indices.tolist()
+        expected = _mixture(x[t], routed, top, probs[top]) + _mixture(x[t], shared, [0], torch.sigmoid(logits[t, 5:]))
+        torch.testing.assert_close(got[t].float(), expected, atol=2e-2, rtol=2e-2)
 
 
 def test_router_ties_go_to_the_lower_expert_index():

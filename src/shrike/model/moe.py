@@ -1,7 +1,9 @@
-"""Mixture-of-experts decoders: Qwen3-MoE (top-k softmax routing, optional norm_topk_prob, q/k norm) and
-Mixtral (top-2 softmax routing, renormalised). Attention is the Llama family's; the feed-forward block is a
+"""Mixture-of-experts decoders: Qwen3-MoE (top-k softmax routing, optional norm_topk_prob, q/k norm), Qwen2-MoE
+(the same routing, q/k/v bias, and a shared expert every token runs, scaled by a sigmoid gate) and Mixtral
+(top-2 softmax routing, renormalised). Attention is the Llama family's; the feed-forward block is a
 router (a dense linear, never quantized) and the `moe` op, which groups the step's rows by expert and runs each
-active expert's linears over only its rows (shrike.ops.moe_reference, csrc/moe/).
+active expert's linears over only its rows (shrike.ops.moe_reference, csrc/moe/). Qwen2-MoE's shared expert is
+one more expert of the op, and its gate one more router row: the op weights it by the sigmoid of that logit.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from shrike.model.llama import CausalLM, DecoderLayer, LinearFactory
 from shrike.model.weights import CheckpointTensors
 from shrike.weight_formats import ExpertWeights
 
-MOE_ARCHITECTURES = ("Qwen3MoeForCausalLM", "MixtralForCausalLM")
+MOE_ARCHITECTURES = ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "MixtralForCausalLM")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,6 +30,7 @@ class MoeSettings:
     sparse_layers: tuple[bool, ...]  # per layer: a MoE block (else Qwen3-MoE's dense MLP of intermediate_size)
     block: str  # checkpoint name of the block under model.layers.{i}
     expert_names: tuple[str, str, str]  # gate, up, down projection names under experts.{e}
+    shared_intermediate: int = 0  # Qwen2-MoE's shared expert (block.shared_expert, gated by block.shared_expert_gate)
 
     @classmethod
     def of(cls, c: ModelConfig) -> "MoeSettings":
@@ -48,8 +51,9 @@ class MoeSettings:
                        ("w1", "w3", "w2"))
         step, dense = int(raw.get("decoder_sparse_step", 1)), set(raw.get("mlp_only_layers") or [])
         sparse = tuple(i not in dense and (i + 1) % step == 0 for i in range(c.num_layers))
+        shared = int(raw.get("shared_expert_intermediate_size") or 0) if c.architecture == "Qwen2MoeForCausalLM" else 0
         return cls(num_experts, top_k, int(raw.get("moe_intermediate_size") or c.intermediate_size),
-                   bool(raw.get("norm_topk_prob", False)), sparse, "mlp", ("gate_proj", "up_proj", "down_proj"))
+                   bool(raw.get("norm_topk_prob", False)), sparse, "mlp", ("gate_proj", "up_proj", "down_proj"), shared)
 
 
 class SparseMoeBlock:
@@ -59,26 +63,30 @@ class SparseMoeBlock:
                  make_linear: LinearFactory, ops):
         from shrike.layers.linear import DenseLinear
 
-        # The router stays dense: its logits pick experts, and a quantized router would change the choice.
+        # The router stays dense: its logits pick experts, and a quantized router would change the choice. A shared
+        # expert's gate (1, hidden) is its last row: the op takes that logit as the shared expert's gate.
         router = tensors.get(f"{prefix}.gate.weight", (s.num_experts, c.hidden_size), dtype)
+        if s.shared_intermediate:
+            router = torch.cat([router, tensors.get(f"{prefix}.shared_expert_gate.weight", (1, c.hidden_size), dtype)])
         self.router = DenseLinear(router, None, ops.dense_linear)
         gate, up, down = s.expert_names
         gate_up, down_layers = [], []
-        for e in range(s.num_experts):
-            p = f"{prefix}.experts.{e}"
-            gate_up.append(make_linear(tensors, [f"{p}.{gate}", f"{p}.{up}"], c.hidden_size,
-                                       [s.intermediate, s.intermediate], False))
-            down_layers.append(make_linear(tensors, [f"{p}.{down}"], s.intermediate, [c.hidden_size], False))
+        experts = [(f"{prefix}.experts.{e}", s.intermediate) for e in range(s.num_experts)]
+        if s.shared_intermediate:
+            experts.append((f"{prefix}.shared_expert", s.shared_intermediate))
+        for p, inter in experts:
+            gate_up.append(make_linear(tensors, [f"{p}.{gate}", f"{p}.{up}"], c.hidden_size, [inter, inter], False))
+            down_layers.append(make_linear(tensors, [f"{p}.{down}"], inter, [c.hidden_size], False))
         formats = {layer.op_name for layer in gate_up + down_layers}
         if len(formats) != 1:
             raise ConfigError(f"the experts of {prefix} are not all in one weight format ({', '.join(sorted(formats))}); "
                               "quantize every expert alike")
         self.experts = ExpertWeights(formats.pop(), [layer.weight for layer in gate_up],
-                                     [layer.weight for layer in down_layers], s.intermediate)
+                                     [layer.weight for layer in down_layers], s.intermediate, s.shared_intermediate)
         self.top_k, self.normalize, self.hidden = s.top_k, s.normalize, c.hidden_size
 
     def __call__(self, step, x, rows):
-        logits = step.empty(rows, len(self.experts.down), dtype=torch.float32)  # (T, experts) router logits
+        logits = step.empty(rows, len(self.experts.down), dtype=torch.float32)  # (T, experts [+ shared gate])
         step.ops.dense_linear(x, self.router.weight, None, logits)
         out = step.empty(rows, self.hidden, dtype=x.dtype)  # (T, hidden)
         step.ops.moe(x, logits, self.experts, out, self.top_k, self.normalize)
@@ -128,7 +136,9 @@ class MoeCausalLM(CausalLM):
         from shrike.model.llama import dense_linear_factory
         from shrike.ops import builtin_op_table
 
-        c = dataclasses.replace(config, qk_norm=config.architecture == "Qwen3MoeForCausalLM")
+        qwen2 = config.architecture == "Qwen2MoeForCausalLM"
+        c = dataclasses.replace(config, qk_norm=config.architecture == "Qwen3MoeForCausalLM",
+                                attention_bias=config.attention_bias or (qwen2 and config.raw.get("qkv_bias", True)))
         settings = MoeSettings.of(c)
         ops = ops or builtin_op_table()
         # CausalLM builds everything but the layers (none with num_layers 0); the layers are built here.
@@ -152,14 +162,18 @@ def quantizable_linears(config: ModelConfig) -> list[str]:
         prefixes += [f"{p}.{name}" for name in attention]
         if sparse:
             prefixes += [f"{p}.{s.block}.experts.{e}.{name}" for e in range(s.num_experts) for name in s.expert_names]
+            if s.shared_intermediate:
+                prefixes += [f"{p}.{s.block}.shared_expert.{name}" for name in s.expert_names]
         else:
             prefixes += [f"{p}.mlp.{name}" for name in ("gate_proj", "up_proj", "down_proj")]
     return prefixes
 
 
 def router_ignore(config: ModelConfig) -> str:
-    """The compressed-tensors `ignore` entry that keeps the routers dense (as llm-compressor writes it)."""
-    return f"re:.*{MoeSettings.of(config).block}.gate$"
+    """The compressed-tensors `ignore` entry that keeps the routers (and Qwen2-MoE's shared expert gates) dense,
+    as llm-compressor writes it."""
+    s = MoeSettings.of(config)
+    return f"re:.*{s.block}.(gate|shared_expert_gate)$" if s.shared_intermediate else f"re:.*{s.block}.gate$"
 
 
 def register_architectures(registry) -> None:
