@@ -32,13 +32,21 @@ W4A8_G64_MAX_RATIO = 1.90  # min-max rounding measured 1.766 outside this test (
 # logits (and the other way round). Measured largest gap: w8a8 0.0, w4a8-g64 0.54 (an activation rounding
 # step of a 4-bit 576-wide model) with the fp32 attention walk; 0.60 and 0.97 with the AMX walk (amx level),
 # whose outputs differ from the fp32 walk's by one bf16 step on 0.3% of the elements: near-ties move.
-# The calibrated W8A8 checkpoint (smoothing + the weighted clip search) is left out here: on it both paths
-# part at one position by 1.60 logits, the same on the executor and on the compiled plan it replaced
-# (measured 2026-12-03), so it is a property of those weights (issue 35), not of either path.
-TIE_MARGIN = {"w8a8-minmax": 0.8, "w4a8-g64": 1.2}
+# Why the margins are this wide (issue 35): the paths' attention and norms differ by one bf16 step here and
+# there, and per-token int8 activation quantization turns such a step into a different rounding of a whole
+# row, so each W8A8 path carries its own draw of the same activation rounding noise. On SmolLM2 the paths'
+# largest logit difference per position has median 0.70 for bf16 weights, 4.03 for W8A8 min-max and 2.23 for
+# W8A8 calibrated (fixed-strength smoothing), and each W8A8 path is as far from the bf16 model as the other
+# (mean KL from bf16: min-max 0.196 kernel / 0.181 reference; calibrated 0.115 / 0.094). The linears are
+# bit-exact on the same inputs (prefill and decode), and each path's decode equals its own prefill. The
+# calibrated checkpoint once parted the paths by 1.60 at one greedy position: a near-tie inside that noise.
+TIE_MARGIN = {"w8a8": 2.0, "w8a8-minmax": 0.8, "w4a8-g64": 1.2}
+# Mean KL(bf16 model || path) of the kernel path may exceed the reference path's by this factor: the kernel path
+# must be no farther from the unquantized model than the reference is, up to the noise above.
+MAX_KL_RATIO = 1.5
 # Positions whose argmax the two paths share. Measured with the AMX walk: w8a8 min-max (no smoothing, so
 # activation outliers make per-token int8 steps coarse) 0.820, w4a8-g64 0.809 (>= 0.85 with the fp32 walk).
-MIN_ARGMAX_AGREEMENT = {"w8a8-minmax": 0.79, "w4a8-g64": 0.78}
+MIN_ARGMAX_AGREEMENT = {"w8a8": 0.79, "w8a8-minmax": 0.79, "w4a8-g64": 0.78}
 # The issue asks for 95%; measured 89.9% (see the module docstring), so this guards what is reached.
 W8A8_MIN_AGREEMENT = 0.88
 
@@ -93,8 +101,8 @@ def test_w4a8_g64_perplexity_bound(results):
     assert results["w4a8-g64"].perplexity <= W4A8_G64_MAX_RATIO * results["bf16"].perplexity
 
 
-@pytest.mark.parametrize("name", ["w8a8-minmax", "w4a8-g64"])
-def test_kernel_and_reference_paths_agree(quantized, cache_dir, name):
+@pytest.mark.parametrize("name", ["w8a8", "w8a8-minmax", "w4a8-g64"])
+def test_kernel_and_reference_paths_agree(default_model_dir, quantized, cache_dir, name):
     engines = {backend: LLMEngine(EngineConfig(model=str(quantized[name]), kernel_backend=backend,
                                                kv_cache_space=0.05, max_model_len=512, progress=False))
                for backend in ("auto", "reference")}
@@ -108,6 +116,11 @@ def test_kernel_and_reference_paths_agree(quantized, cache_dir, name):
     cosine = torch.nn.functional.cosine_similarity(a, r, dim=-1)
     assert cosine.median() > 0.995 and cosine.min() > 0.7, cosine
     assert (a.argmax(-1) == r.argmax(-1)).float().mean() >= MIN_ARGMAX_AGREEMENT[name]
+    dense = sequence_logits(load_model(str(default_model_dir), progress=False).model, prompt).log_softmax(-1)
+    kl = {b: (dense.exp() * (dense - x.log_softmax(-1))).sum(-1).mean().item() for b, x in logits.items()}
+    print(name, "mean KL from bf16", kl, "largest logit difference per position: median",
+          (a - r).abs().amax(-1).median().item())
+    assert kl["auto"] <= MAX_KL_RATIO * kl["reference"], kl
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     tokens = {b: e.generate([prompt], params)[0][0].token_ids for b, e in engines.items()}
     assert len(tokens["auto"]) == 12

@@ -2,9 +2,10 @@
 
 The model runs in fp32 on the text, cut into chunks of 512 tokens each started with BOS when the
 tokenizer asks for one (as `shrike eval-ppl` scores), and every linear layer records its inputs:
-per input channel the largest magnitude (for smoothing) and the mean square (for weighting the scale
-search), and for GPTQ the sum of outer products x x^T. Layers reading the same input (q/k/v,
-gate/up) record once, under the first one's checkpoint prefix.
+per input channel the largest magnitude and the mean absolute value (for smoothing and AWQ scaling) and
+the mean square (for weighting the scale search), for GPTQ the sum of outer products x x^T, and for the
+smoothing-factor search (shrike.quantization.smoothing) up to SAMPLE_ROWS of the inputs themselves.
+Layers reading the same input (q/k/v, gate/up) record once, under the first one's checkpoint prefix.
 """
 from __future__ import annotations
 
@@ -23,6 +24,9 @@ from shrike.plugins import build_registry
 from shrike.tokenizer import Tokenizer
 
 CONTEXT = 512
+# Input rows kept per layer for the factor search: enough to rank candidate factors, few enough to hold
+# every layer's in memory (SmolLM2-135M: 30 layers x 4 inputs x 1024 rows, about 0.5 GB in fp32).
+SAMPLE_ROWS = 1024
 
 
 @dataclass
@@ -30,6 +34,8 @@ class InputStatistics:
     absmax: torch.Tensor  # (K,) max |x_k|
     square_sum: torch.Tensor  # (K,) sum of x_k^2
     gram: torch.Tensor | None  # (K, K) sum of x x^T, or None when not asked for
+    abs_sum: torch.Tensor  # (K,) sum of |x_k|
+    rows: list[torch.Tensor] | None = None  # the inputs seen, (rows, K) each, or None when not asked for
     tokens: int = 0
 
     @property
@@ -37,12 +43,25 @@ class InputStatistics:
         """(K,) mean of x_k^2."""
         return self.square_sum / max(self.tokens, 1)
 
+    @property
+    def mean_abs(self) -> torch.Tensor:
+        """(K,) mean of |x_k|."""
+        return self.abs_sum / max(self.tokens, 1)
+
+    def samples(self) -> torch.Tensor:
+        """(<= SAMPLE_ROWS, K) input rows spread evenly over the calibration text."""
+        rows = torch.cat(self.rows)
+        return rows[torch.linspace(0, len(rows) - 1, min(len(rows), SAMPLE_ROWS)).long()]
+
     def record(self, x: torch.Tensor) -> None:
         x = x.float()
         self.absmax = torch.maximum(self.absmax, x.abs().amax(dim=0))
+        self.abs_sum += x.abs().sum(dim=0)
         self.square_sum += x.square().sum(dim=0)
         if self.gram is not None:
             self.gram += x.T @ x
+        if self.rows is not None:
+            self.rows.append(x.clone())
         self.tokens += x.shape[0]
 
 
@@ -54,8 +73,10 @@ class _RecordingLinear(DenseLinear):
         return super().__call__(step, x, rows)
 
 
-def input_statistics(model_dir: Path, text: str, gram: bool = False) -> dict[str, InputStatistics]:
-    """Every linear layer's InputStatistics on text, keyed by its (first) checkpoint prefix."""
+def input_statistics(model_dir: Path, text: str, gram: bool = False, samples: bool = False
+                     ) -> dict[str, InputStatistics]:
+    """Every linear layer's InputStatistics on text, keyed by its (first) checkpoint prefix; gram and samples:
+    also record x x^T (GPTQ) and the input rows (factor search)."""
     config = ModelConfig.from_dir(model_dir)
     stats: dict[str, InputStatistics] = {}
 
@@ -64,8 +85,9 @@ def input_statistics(model_dir: Path, text: str, gram: bool = False) -> dict[str
     def recording_linear(tensors, prefixes, in_features, out_features, bias):
         layer = _RecordingLinear.load(tensors, prefixes, in_features, out_features, bias, torch.float32,
                                       ops.dense_linear)
-        layer.seen = stats[prefixes[0]] = InputStatistics(torch.zeros(in_features), torch.zeros(in_features),
-                                                          torch.zeros(in_features, in_features) if gram else None)
+        layer.seen = stats[prefixes[0]] = InputStatistics(
+            torch.zeros(in_features), torch.zeros(in_features),
+            torch.zeros(in_features, in_features) if gram else None, torch.zeros(in_features), [] if samples else None)
         return layer
 
     architecture = build_registry().architecture(config.architecture).target

@@ -22,11 +22,11 @@ from shrike.quantization.quantizer import SCALE_SEARCHES, quantize_weight
 from shrike.quantization.safetensors_io import (
     DTYPES_BY_CODE, CheckpointFiles, StreamingSafetensorsWriter, TensorSpec)
 from shrike.quantization.schemes import SCHEMES, QuantScheme, scheme_from_name
-from shrike.quantization.smoothing import apply_transform, can_smooth, smoothing_transforms
+from shrike.quantization.smoothing import apply_transform, can_scale, norm_offsets, search_factors
 
 LINEAR_NAMES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                 "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
-METHODS = ("rtn", "gptq")
+METHODS = ("rtn", "gptq", "awq")
 # Weights are what quantization changes; these describe the model and travel with it.
 _NOT_COPIED = ("config.json", "model.safetensors.index.json")
 
@@ -50,10 +50,13 @@ def add_quantize_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--method", default="rtn", choices=list(METHODS),
                    help="rtn: round each weight to the nearest level (default); gptq: round column by column, "
                    "moving each rounding error onto the columns not yet rounded so that the layer's output on the "
-                   "--calibration text changes least (needs --calibration; slower)")
+                   "--calibration text changes least (needs --calibration; slower); awq: scale each input channel by "
+                   "a power of its mean activation, searched per layer on the --calibration text, so that the weights "
+                   "of large activations round finely, then round to nearest (needs --calibration)")
     p.add_argument("--calibration", type=Path, default=None, metavar="TEXT_FILE",
                    help="text to run the model on first: its inputs weight the scale search and feed --method gptq; "
-                   "for W4A8/W8A8 on Llama-family models it also enables activation smoothing (SmoothQuant)")
+                   "for W4A8/W8A8 with --method rtn/gptq on Llama-family and Gemma 3 models it also enables "
+                   "activation smoothing (SmoothQuant, strength searched per layer)")
 
 
 def linear_prefixes(config: ModelConfig) -> list[str]:
@@ -68,8 +71,8 @@ def quantize_checkpoint(src: Path, dst: Path, scheme: QuantScheme, fmt: str | No
                         progress: bool = True, method: str = "rtn") -> None:
     if method not in METHODS:
         raise ConfigError(f"unknown quantization method {method!r}; use {' or '.join(METHODS)}")
-    if method == "gptq" and calibration_text is None:
-        raise ConfigError("--method gptq needs --calibration TEXT_FILE: it minimises the error on real inputs")
+    if method in ("gptq", "awq") and calibration_text is None:
+        raise ConfigError(f"--method {method} needs --calibration TEXT_FILE: it minimises the error on real inputs")
     if scale_search is None:  # unweighted searches can lose to min-max (see shrike.quantization.quantizer)
         scale_search = "minmax" if calibration_text is None else "clip"
     config = ModelConfig.from_dir(src)
@@ -98,10 +101,12 @@ def quantize_checkpoint(src: Path, dst: Path, scheme: QuantScheme, fmt: str | No
 
     transforms, input_power, hessians = {}, {}, {}
     if calibration_text is not None:
-        stats = input_statistics(src, calibration_text, gram=method == "gptq")
         # Smoothing moves activation outliers into the weights: a gain only when activations are quantized.
-        if not scheme.weight_only and can_smooth(config):
-            transforms = smoothing_transforms(files, config, {p: s.absmax for p, s in stats.items()})
+        family = "awq" if method == "awq" else None if scheme.weight_only else "smoothquant"
+        family = family if can_scale(config) else None
+        stats = input_statistics(src, calibration_text, gram=method == "gptq", samples=family is not None)
+        if family is not None:
+            transforms = search_factors(files, config, stats, scheme, family)
         for prefix in targets:
             seen = stats[_input_owner(prefix)]
             # Smoothing divides each channel's activations by the factor its weight column is multiplied by.
@@ -110,6 +115,7 @@ def quantize_checkpoint(src: Path, dst: Path, scheme: QuantScheme, fmt: str | No
             if seen.gram is not None:
                 hessians[prefix] = seen.gram / (factor[:, None] * factor[None, :])
 
+    offsets = {name: offset for name, offset in norm_offsets(config).items() if offset} if transforms else {}
     target_weights = {f"{p}.weight": p for p in targets}
     specs: list[TensorSpec] = []
     steps: list[tuple[str, str]] = []  # ("quantize", layer prefix) or ("copy", tensor name), in file order
@@ -122,7 +128,8 @@ def quantize_checkpoint(src: Path, dst: Path, scheme: QuantScheme, fmt: str | No
                 specs += stored_tensor_specs(target_weights[name], n, k, scheme, fmt, DTYPES_BY_CODE[entry["dtype"]])
                 steps.append(("quantize", target_weights[name]))
             else:
-                specs.append(TensorSpec(name, DTYPES_BY_CODE[entry["dtype"]], tuple(entry["shape"])))
+                dtype = torch.float32 if name in transforms and name in offsets else DTYPES_BY_CODE[entry["dtype"]]
+                specs.append(TensorSpec(name, dtype, tuple(entry["shape"])))
                 steps.append(("copy", name))
 
     dst.mkdir(parents=True, exist_ok=True)
@@ -131,7 +138,8 @@ def quantize_checkpoint(src: Path, dst: Path, scheme: QuantScheme, fmt: str | No
     for kind, name in steps:
         if kind == "copy":
             tensor = files.read(name)
-            writer.write(name, apply_transform(tensor, transforms[name]) if name in transforms else tensor)
+            writer.write(name, apply_transform(tensor, transforms[name], offsets.get(name, 0.0))
+                         if name in transforms else tensor)
             continue
         weight = files.read(f"{name}.weight")  # (N, K)
         if f"{name}.weight" in transforms:
