@@ -1,16 +1,26 @@
 """Engine-level prefill and decode of one Shrike checkpoint next to `llama-bench` on a GGUF of the
-same shape, interleaved in one run, with the STREAM-like read bandwidth measured before and after.
+same shape, interleaved in one run, with read bandwidth (benchmarks/read_probe.py: the best method of its sweep)
+measured before and after, and each engine's decode weight-read rate beside it.
 
     python benchmarks/bench_engine_vs_llamacpp.py SHRIKE_DIR MODEL.gguf [--llama-bench PATH] [--reps 3]
 
 Shrike: a 512-token prompt's time to first token gives prefill tokens/s; 32 further greedy
-tokens give decode tokens/s. llama.cpp: `llama-bench -p 512 -n 32 -t 2`. Medians of --reps.
+tokens give decode tokens/s. llama.cpp: `llama-bench -p 512 -n 32 -t 2`; each --peer is another
+llama-bench build (e.g. ik_llama.cpp's) with its own flags. Medians of --reps. Bytes per decoded token:
+every matrix but the embedding, and of MoE experts only the share a token uses.
+
+The MoE benchmark of issue 32 (Qwen3-30B-A3B's layer shapes, 12 of its 48 layers, W4A8-G128 = Q4_0):
+    shrike synth M --like qwen3-30b-a3b --layers 12 --scheme w4a8-g128
+    python benchmarks/export_gguf.py M M.gguf --dtype q4_0 --output-type q8_0
+    python benchmarks/bench_engine_vs_llamacpp.py M M.gguf --lm-head-quant int8 \
+        --peer "ik_llama.cpp=IK_BUILD/bin/llama-bench -rtr 1 -fmoe 1"
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import time
@@ -19,8 +29,8 @@ from pathlib import Path
 PROMPT_TOKENS, DECODE_TOKENS = 512, 32
 
 
-def llama_bench(binary: str, gguf: str, threads: int) -> tuple[float, float]:
-    out = subprocess.run([binary, "-m", gguf, "-t", str(threads), "-p", str(PROMPT_TOKENS), "-n", str(DECODE_TOKENS),
+def llama_bench(command: list[str], gguf: str, threads: int) -> tuple[float, float]:
+    out = subprocess.run([*command, "-m", gguf, "-t", str(threads), "-p", str(PROMPT_TOKENS), "-n", str(DECODE_TOKENS),
                           "-r", "1", "-o", "json"], check=True, capture_output=True, text=True).stdout
     rows = json.loads(out)
     prefill = next(r["avg_ts"] for r in rows if r["n_prompt"] == PROMPT_TOKENS)
@@ -48,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     peers = os.environ.get("SHRIKE_PEERS_DIR") or str(Path.home() / ".cache" / "shrike-peers")
     parser.add_argument("--llama-bench", default=f"{peers}/llama-build/bin/llama-bench",
                         help="default: the one benchmarks/build_peers.sh built ($SHRIKE_PEERS_DIR or ~/.cache/shrike-peers)")
+    parser.add_argument("--peer", action="append", default=[], metavar="NAME=COMMAND",
+                        help="another llama-bench timed in the same rounds, with its flags, e.g. "
+                             "'ik_llama.cpp=/path/llama-bench -rtr 1 -fmoe 1' (repeatable)")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--with-eager", action="store_true",
@@ -55,6 +68,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lm-head-quant", default="none", choices=["none", "int8"],
                         help="Shrike's lm_head: the checkpoint's precision (none) or int8 per vocabulary row")
     args = parser.parse_args(argv)
+    others = {"llama.cpp": [args.llama_bench]}
+    for peer in args.peer:
+        name, _, command = peer.partition("=")
+        if not name or not command.strip():
+            parser.error(f"--peer {peer!r}: expected NAME=COMMAND")
+        others[name] = shlex.split(command)
 
     import importlib.util
 
@@ -66,10 +85,9 @@ def main(argv: list[str] | None = None) -> int:
         spec.loader.exec_module(module)
         return module
 
-    bench_kernels, bench_serving = load("bench_kernels"), load("bench_serving")
-
-    def bandwidth() -> float:
-        return bench_kernels.stream_read_gbs(1 << 30, 5)
+    bench_serving, read_probe = load("bench_serving"), load("read_probe")
+    probe = read_probe.ReadProbe(max_threads=args.threads)
+    probe.sweep()
 
     def make_engine(compiled: bool) -> LLMEngine:
         return LLMEngine(EngineConfig(model=args.shrike_model, max_model_len=2048, max_num_seqs=1,
@@ -86,25 +104,28 @@ def main(argv: list[str] | None = None) -> int:
         weight_bytes -= engine.model_config.vocab_size * engine.model_config.hidden_size
     for e in engines.values():
         shrike_run(e)  # warm-up
-    bw_before = bandwidth()
-    runs = {**{name: [] for name in engines}, "llama.cpp": []}
+    bw_before = probe.gb_per_s()
+    runs = {name: [] for name in [*engines, *others]}
     for _ in range(args.reps):
         for name, e in engines.items():
             runs[name].append(shrike_run(e))
-        runs["llama.cpp"].append(llama_bench(args.llama_bench, args.gguf, args.threads))
-    bw_after = bandwidth()
-    bw = min(bw_before, bw_after)
-    print(f"read bandwidth {bw_before:.1f} -> {bw_after:.1f} GB/s; bytes read per decoded token: "
+        for name, command in others.items():
+            runs[name].append(llama_bench(command, args.gguf, args.threads))
+    bw_after = probe.gb_per_s()
+    bw = max(bw_before, bw_after)  # the roofline: what the CPU read at best in this run
+    print(f"read bandwidth {bw_before:.1f} -> {bw_after:.1f} GB/s ({probe.describe()}); bytes read per decoded token: "
           f"Shrike {weight_bytes / 1e9:.3f} GB, llama.cpp {llama_bytes / 1e9:.3f} GB")
-    print(f"{'engine':<12}{'prefill tok/s':>15}{'decode tok/s':>14}{'decode GB/s':>13}{'of read BW':>12}")
+    print(f"{'engine':<14}{'prefill tok/s':>15}{'decode tok/s':>14}{'decode GB/s':>13}{'of probe':>12}")
     medians = {}
     for name, samples in runs.items():
-        nbytes = llama_bytes if name == "llama.cpp" else weight_bytes
+        nbytes = llama_bytes if name in others else weight_bytes
         prefill, decode = statistics.median(s[0] for s in samples), statistics.median(s[1] for s in samples)
         medians[name] = (prefill, decode)
-        print(f"{name:<12}{prefill:>15.1f}{decode:>14.2f}{decode * nbytes / 1e9:>13.1f}{decode * nbytes / 1e9 / bw:>11.0%}")
+        print(f"{name:<14}{prefill:>15.1f}{decode:>14.2f}{decode * nbytes / 1e9:>13.1f}{decode * nbytes / 1e9 / bw:>11.0%}")
+    for name in others:
+        print(f"Shrike / {name}: prefill {medians['shrike'][0] / medians[name][0]:.2f}x, "
+              f"decode {medians['shrike'][1] / medians[name][1]:.2f}x")
     (sp, sd), (lp, ld) = medians["shrike"], medians["llama.cpp"]
-    print(f"Shrike / llama.cpp: prefill {sp / lp:.2f}x, decode {sd / ld:.2f}x")
     if "shrike-eager" in medians:
         ep, ed = medians["shrike-eager"]
         print(f"Shrike executor / eager: prefill {sp / ep:.2f}x, decode {sd / ed:.2f}x; "
