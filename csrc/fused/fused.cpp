@@ -1,6 +1,6 @@
 // Portable on purpose: these loops move a few KB per token and the compiler vectorises them;
 // what fusing saves is Python dispatch and extra passes, not arithmetic. The exception is
-// silu*up, whose expf per element does not vectorise: silu_mul_avx512vnni.cpp.
+// silu*up, whose expf per element does not vectorise: silu_mul_avx512vnni.cpp and silu_mul_avx2.cpp.
 #include "fused/fused.h"
 
 #include <cmath>
@@ -132,6 +132,7 @@ struct NoCall {};
 const Variant<SiluMulFn, NoCall> kSiluMul[] = {
 #if defined(SHRIKE_X86)
     {Isa::avx512vnni, avx512vnni::silu_mul},
+    {Isa::avx2, avx2::silu_mul},
 #endif
     {Isa::scalar, silu_mul_ref},
 };

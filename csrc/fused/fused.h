@@ -18,9 +18,12 @@ void embedding(const int64_t* token_ids, int64_t tokens, const void* table, int6
                DType dtype);
 
 // out = silu(gate) * up, with gate_up = [gate | up] per row.  gate_up: (rows, 2*width); out: (rows, width)
-// Runs the AVX-512 variant at level avx512vnni and above (its own exp: within a float ulp).
+// The AVX-512 and AVX2 variants use their own exp (within a float ulp of libm's).
 void silu_mul(const void* gate_up, void* out, int64_t rows, int64_t width, DType dtype);
 namespace avx512vnni {
+void silu_mul(const void* gate_up, void* out, int64_t rows, int64_t width, DType dtype);
+}
+namespace avx2 {
 void silu_mul(const void* gate_up, void* out, int64_t rows, int64_t width, DType dtype);
 }
 
