@@ -28,6 +28,8 @@ const Variant<GroupedTiles, GroupedCall> kGrouped[] = {
     {Isa::avx512vnni, avx512vnni::grouped_tiles},
     {Isa::avxvnni, avxvnni::grouped_tiles},
     {Isa::avx2, avx2::grouped_tiles},
+#elif defined(SHRIKE_AARCH64)
+    {Isa::dotprod, dotprod::grouped_tiles},
 #endif
     {Isa::scalar, ref::grouped_tiles},
 };

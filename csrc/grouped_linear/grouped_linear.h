@@ -63,6 +63,7 @@ namespace ref { SHRIKE_DECLARE_GROUPED_TILES }
 namespace avx2 { SHRIKE_DECLARE_GROUPED_TILES }
 namespace avxvnni { SHRIKE_DECLARE_GROUPED_TILES }
 namespace avx512vnni { SHRIKE_DECLARE_GROUPED_TILES }
+namespace dotprod { SHRIKE_DECLARE_GROUPED_TILES }
 #undef SHRIKE_DECLARE_GROUPED_TILES
 
 }  // namespace shrike

@@ -1,0 +1,88 @@
+// Grouped linear with NEON sdot (Armv8.2 dotprod; also what i8mm and SVE2 machines run).
+// sdot multiplies signed bytes, so int8 values go in as stored and 4-bit values (0..15) after a
+// mask or a shift; a slice's 32 bytes are rows 0-3 then rows 4-7, four K values per 32-bit lane,
+// exactly one sdot operand per half tile. Group sums are exact int32, so the float epilogue is
+// grouped_ref.cpp's in the same order.
+#include <arm_neon.h>
+
+#include "grouped_linear/grouped_layout.h"
+#include "linear/epilogue_neon.h"
+#include "linear/gemm_driver.h"
+
+namespace shrike::dotprod {
+
+namespace {
+
+template <int BITS, bool MIN, int MR>
+void rows_x_tile(const GroupedProblem& p, int64_t i0, int64_t t) {
+  const GroupedWeight& wt = p.w;
+  const int64_t groups = wt.k / wt.group, blocks = wt.k / kGroupedActivationBlock;
+  const uint8_t* w = wt.packed + t * grouped_tile_bytes(wt);
+  const uint8x16_t low4 = vdupq_n_u8(0x0f);
+  float32x4_t acc[MR][2];
+  for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = vdupq_n_f32(0.f);
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t k0 = g * wt.group;
+    int32x4_t isum[MR][2];
+    for (int r = 0; r < MR; ++r) isum[r][0] = isum[r][1] = vdupq_n_s32(0);
+    for (int64_t kb = k0; kb < k0 + wt.group; kb += 16) {
+      // 16 K values: four 8-bit slices, or two 4-bit slices whose low and high nibbles take turns.
+      int8x16_t s[4][2];
+      if constexpr (BITS == 8) {
+        for (int i = 0; i < 4; ++i, w += 32) s[i][0] = vld1q_s8(reinterpret_cast<const int8_t*>(w)), s[i][1] = vld1q_s8(reinterpret_cast<const int8_t*>(w + 16));
+      } else {
+        for (int i = 0; i < 2; ++i, w += 32)
+          for (int h = 0; h < 2; ++h) {
+            uint8x16_t v = vld1q_u8(w + 16 * h);
+            s[2 * i][h] = vreinterpretq_s8_u8(vandq_u8(v, low4));
+            s[2 * i + 1][h] = vreinterpretq_s8_u8(vshrq_n_u8(v, 4));
+          }
+      }
+      for (int r = 0; r < MR; ++r) {
+        int8x16_t a = vld1q_s8(p.q + (i0 + r) * wt.k + kb);
+        for (int h = 0; h < 2; ++h) {
+          isum[r][h] = vdotq_laneq_s32(isum[r][h], s[0][h], a, 0);
+          isum[r][h] = vdotq_laneq_s32(isum[r][h], s[1][h], a, 1);
+          isum[r][h] = vdotq_laneq_s32(isum[r][h], s[2][h], a, 2);
+          isum[r][h] = vdotq_laneq_s32(isum[r][h], s[3][h], a, 3);
+        }
+      }
+    }
+    const float* scale = reinterpret_cast<const float*>(w);
+    const int64_t b = k0 / kGroupedActivationBlock;
+    for (int r = 0; r < MR; ++r) {
+      const int64_t i = i0 + r;
+      for (int h = 0; h < 2; ++h) {
+        acc[r][h] = vfmaq_f32(acc[r][h], vcvtq_f32_s32(isum[r][h]), vmulq_n_f32(vld1q_f32(scale + 4 * h), p.x_scale[i * blocks + b]));
+        if constexpr (MIN) acc[r][h] = vfmaq_f32(acc[r][h], vdupq_n_f32(p.x_min[i * groups + g]), vld1q_f32(scale + 8 + 4 * h));
+      }
+    }
+    w += MIN ? 64 : 32;
+  }
+  const int valid = neon::tile_valid(wt.n, t);
+  for (int h = 0; h < 2; ++h) {
+    const int hv = neon::half_valid(valid, h);
+    const float32x4_t bias = neon::load_bias(p.bias, t * kTileRows + 4 * h, hv);
+    for (int r = 0; r < MR; ++r)
+      neon::store4(p.out, p.out_dtype, (i0 + r) * wt.n + t * kTileRows + 4 * h, vaddq_f32(acc[r][h], bias), hv);
+  }
+}
+
+template <int BITS, bool MIN>
+void walk(const GroupedProblem& p, int64_t tile_begin, int64_t tile_end) {
+  for_row_blocks_and_tiles(p.m, tile_begin, tile_end,
+                           [&](auto rows, int64_t i0, int64_t t) { rows_x_tile<BITS, MIN, rows>(p, i0, t); });
+}
+
+}  // namespace
+
+void grouped_tiles(const GroupedProblem& p, int64_t tile_begin, int64_t tile_end) {
+  if (p.w.bits == 8) {
+    if (p.w.has_min) return walk<8, true>(p, tile_begin, tile_end);
+    return walk<8, false>(p, tile_begin, tile_end);
+  }
+  if (p.w.has_min) return walk<4, true>(p, tile_begin, tile_end);
+  walk<4, false>(p, tile_begin, tile_end);
+}
+
+}  // namespace shrike::dotprod
