@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("gguf")
     peers = os.environ.get("SHRIKE_PEERS_DIR") or str(Path.home() / ".cache" / "shrike-peers")
-    parser.add_argument("--llama-bench", default=f"{peers}/bench-build/bin/llama-bench")
+    parser.add_argument("--llama-bench", default=f"{peers}/llama-build/bin/llama-bench")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)

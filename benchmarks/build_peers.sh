@@ -37,7 +37,7 @@ if [ ! -x "$PEERS/llama.cpp/bin/llama-bench" ]; then
   fi
   cmake -S "$vendor" -B "$PEERS/llama-build" -DCMAKE_BUILD_TYPE=Release "${isa_flags[@]}" -DLLAMA_CURL=OFF \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON
-  nice cmake --build "$PEERS/llama-build" --target llama-bench llama-server llama-quantize -j "$(nproc)"
+  nice cmake --build "$PEERS/llama-build" --target llama-bench llama-server llama-quantize llama-perplexity -j "$(nproc)"
   mkdir -p "$PEERS/llama.cpp"
   rm -rf "$PEERS/llama.cpp/bin" && cp -r "$PEERS/llama-build/bin" "$PEERS/llama.cpp/bin"
 fi
