@@ -224,3 +224,20 @@ def test_runtime_loading_is_off_unless_allowed(default_model_dir, smollm_adapter
         response = httpx.post(f"{server.base_url}/v1/load_lora_adapter",
                               json={"lora_name": "r8", "lora_path": smollm_adapters["r8"]}, timeout=60)
         assert response.status_code == 404 and "--allow-runtime-lora" in response.json()["error"]["message"]
+
+
+def test_adapters_apply_to_a_gguf_run_natively(smollm_adapters, default_model_dir):
+    """The default GGUF's linears run from its quant blocks; an adapter moves their log-probabilities as peft's
+    adapter moves those of the file's dequantized weights, up to the int8 activation rounding (which a random
+    adapter's larger activations make larger than the base model's: up to 0.4 nats at one position here)."""
+    from shrike.default_model import default_gguf_path
+    llm = LLM(str(default_gguf_path()), dtype="float32", max_model_len=256, enable_lora=True, max_loras=1,
+              progress=False)
+    assert {layer.qkv_proj.format for layer in llm.llm_engine.runner.model.layers} == {"grouped"}
+    lora = requests_of(smollm_adapters)["r8"]
+    ids = llm.get_tokenizer().encode(PROMPTS[2])
+    base, adapted = shrike_logprobs(llm, [PROMPTS[2]] * 2, [None, lora])
+    expected_shift = peft_logprobs(default_model_dir, smollm_adapters["r8"], ids) - \
+        peft_logprobs(default_model_dir, None, ids)
+    assert expected_shift.abs().max() > 0.5
+    assert (adapted - base - expected_shift).abs().mean() < 0.15 * expected_shift.abs().mean()

@@ -66,7 +66,9 @@ class GGUFLinearFactory:
         for p in parts:
             self.native[p.tensor_type.name] += 1
         weight, format = _weight(blocks)
-        return QuantizedLinear(weight, None, format, sum(out_features))
+        layer = QuantizedLinear(weight, None, format, sum(out_features))
+        layer.checkpoint_parts, layer.in_features = tuple(zip(prefixes, out_features)), in_features  # for LoRA
+        return layer
 
     def lm_head(self, vocab_size: int) -> LMHead | None:
         """The lm_head from the file's blocks (output.weight, or the tied token_embd.weight), or None when
