@@ -1,5 +1,6 @@
 // The LoRA update at the avx2 level: lora_impl.h compiled with this level's flags.
 #include <algorithm>
+#include <utility>
 #include <vector>
 
 #include "common/bf16.h"

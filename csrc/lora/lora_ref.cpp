@@ -1,5 +1,6 @@
 // The LoRA update as the portable scalar reference (lora_impl.h without target flags).
 #include <algorithm>
+#include <utility>
 #include <vector>
 
 #include "common/bf16.h"
