@@ -65,6 +65,15 @@ def test_smollm2_scores_without_bos_and_says_so(capsys):
     assert "no BOS" in out and "add_bos_token is false" in out and "607 scored tokens" in out
 
 
+def test_gguf_weights_flag_picks_the_native_or_converted_linears(capsys):
+    scores = {}
+    for weights in ("native", "bf16"):
+        assert main(["eval-ppl", "tests/data/calibration_bill_of_rights.txt", "--gguf-weights", weights,
+                     "--context", "128"]) == 0
+        scores[weights] = capsys.readouterr().out.split()[1]
+    assert scores["native"] != scores["bf16"]  # int8 activation blocks against 16-bit activations
+
+
 def test_gemma3_is_scored_from_bos_as_transformers_scores_it(gemma3_model_dir, tmp_path, capsys):
     """Gemma 3's tokenizer config asks for BOS; without it the same text scores about twice as badly."""
     import transformers

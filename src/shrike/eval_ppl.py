@@ -117,7 +117,7 @@ def run_eval_ppl(args: argparse.Namespace) -> int:
         raise ConfigError(f"{args.file} is not a file")
     bind_compute_threads(config.cpu_threads, config.cpu_bind)
     loaded = load_model(config.model, config.dtype, config.max_model_len, config.chat_template, config.progress,
-                        config.kernel_backend, config.lm_head_quant, config.activation_quant)
+                        config.kernel_backend, config.lm_head_quant, config.activation_quant, config.gguf_weights)
     context = min(args.context, loaded.max_model_len)
     token_ids = loaded.tokenizer.encode(args.file.read_text(encoding="utf-8"), add_special_tokens=False)
     bos, bos_reason = scoring_bos(loaded.tokenizer, loaded.model_dir)
