@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from shrike.cli import main
-from shrike.eval_ppl import evaluate_perplexity, sequence_logits
+from shrike.eval_ppl import evaluate_perplexity, evaluate_perplexity_llama_cpp_windows, sequence_logits
+from shrike.errors import ConfigError
 from shrike.model.loader import load_model
 from shrike.synth import synthesize
 
@@ -31,6 +32,21 @@ def test_chunks_score_all_but_their_first_token(tiny):
         logp = torch.log_softmax(sequence_logits(model, chunk)[:-1], dim=-1)
         nll -= sum(logp[i, t].item() for i, t in enumerate(chunk[1:]))
     assert math.isclose(result.perplexity, math.exp(nll / 67), rel_tol=1e-4)
+
+
+def test_llama_cpp_windows_score_the_second_half_of_whole_chunks_led_by_bos(tiny):
+    model = load_model(str(tiny), progress=False).model
+    ids, bos = list(range(500, 570)), 1  # BOS + 70 tokens: two whole chunks of 32, the last 7 tokens unused
+    result = evaluate_perplexity_llama_cpp_windows(model, ids, context=32, bos_token_id=bos)
+    assert result.chunks == 2 and result.scored_tokens == 2 * 15 == len(result.greedy_predictions)
+    nll, stream = 0.0, [bos] + ids
+    for start in (0, 32):
+        chunk = [bos] + stream[start + 1:start + 32]
+        logp = torch.log_softmax(sequence_logits(model, chunk)[16:-1], dim=-1)
+        nll -= sum(logp[i, t].item() for i, t in enumerate(chunk[17:]))
+    assert math.isclose(result.perplexity, math.exp(nll / 30), rel_tol=1e-4)
+    with pytest.raises(ConfigError, match="at least 2 x --context"):
+        evaluate_perplexity_llama_cpp_windows(model, ids[:40], context=32)
 
 
 def test_command_prints_perplexity(tiny, capsys):

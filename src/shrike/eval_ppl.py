@@ -28,6 +28,7 @@ from shrike.model.llama import CausalLM
 from shrike.tokenizer import Tokenizer
 
 DEFAULT_CONTEXT = 512
+WINDOWS = ("chunks", "llama.cpp")  # --windows
 _BLOCK_SIZE = 16
 
 
@@ -39,6 +40,11 @@ def add_eval_ppl_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", type=Path, help="UTF-8 text file to score")
     p.add_argument("--context", type=int, default=DEFAULT_CONTEXT,
                    help=f"tokens per non-overlapping chunk (default {DEFAULT_CONTEXT}; at most --max-model-len)")
+    p.add_argument("--windows", choices=WINDOWS, default="chunks",
+                   help="chunks: every text token scored once (above); llama.cpp: the windows `llama-perplexity -c "
+                        "CONTEXT` scores, to compare with its figures (whole chunks of the BOS-led token stream, "
+                        "each chunk's first token made BOS where the tokenizer adds one, only the second half of "
+                        "each chunk scored)")
 
 
 @dataclass
@@ -108,6 +114,29 @@ def evaluate_perplexity(model: CausalLM, token_ids: list[int], context: int,
     return result
 
 
+def evaluate_perplexity_llama_cpp_windows(model: CausalLM, token_ids: list[int], context: int,
+                                         kv_dtype: torch.dtype | None = None,
+                                         bos_token_id: int | None = None) -> PerplexityResult:
+    """As llama-perplexity scores: the stream (BOS + text where the tokenizer adds BOS) in whole chunks of
+    `context`, each chunk's first token replaced by BOS, positions context/2 .. context-2 predicting the next."""
+    stream = ([] if bos_token_id is None else [bos_token_id]) + token_ids
+    if len(stream) < 2 * context:
+        raise ConfigError(f"--windows llama.cpp needs at least 2 x --context = {2 * context} tokens; the text has "
+                          f"{len(stream)}: use a longer text or a smaller --context")
+    result, first = PerplexityResult(), context // 2
+    for start in range(0, len(stream) - context + 1, context):
+        chunk = stream[start:start + context]
+        if bos_token_id is not None:
+            chunk[0] = bos_token_id
+        logits = sequence_logits(model, chunk, kv_dtype)[first:-1]  # (context - 1 - first, vocab)
+        targets = torch.tensor(chunk[first + 1:], dtype=torch.int64)
+        result.nll_sum += float(torch.nn.functional.cross_entropy(logits, targets, reduction="sum"))
+        result.scored_tokens += len(targets)
+        result.greedy_predictions += logits.argmax(dim=-1).tolist()
+        result.chunks += 1
+    return result
+
+
 def run_eval_ppl(args: argparse.Namespace) -> int:
     from shrike.layers.kv_dtypes import resolve_kv_cache_dtype
     from shrike.model.loader import load_model
@@ -121,11 +150,15 @@ def run_eval_ppl(args: argparse.Namespace) -> int:
     context = min(args.context, loaded.max_model_len)
     token_ids = loaded.tokenizer.encode(args.file.read_text(encoding="utf-8"), add_special_tokens=False)
     bos, bos_reason = scoring_bos(loaded.tokenizer, loaded.model_dir)
-    result = evaluate_perplexity(loaded.model, token_ids, context,
-                                 resolve_kv_cache_dtype(config.kv_cache_dtype, loaded.dtype), bos)
+    kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, loaded.dtype)
     start = (f"each chunk starts with BOS {loaded.tokenizer.decode([bos], skip_special_tokens=False)!r}" if bos is not None
              else "no BOS, the first token of each chunk is context only")
+    if args.windows == "llama.cpp":
+        result = evaluate_perplexity_llama_cpp_windows(loaded.model, token_ids, context, kv_dtype, bos)
+        scored = f"the second half of each of {result.chunks} chunks of {context} tokens, as llama-perplexity"
+    else:
+        result = evaluate_perplexity(loaded.model, token_ids, context, kv_dtype, bos)
+        scored = f"{len(token_ids)} text tokens in {result.chunks} non-overlapping chunks of up to {context} tokens"
     print(f"perplexity {result.perplexity:.4f} over {result.scored_tokens} scored tokens "
-          f"({len(token_ids)} text tokens in {result.chunks} non-overlapping chunks of up to {context} tokens; "
-          f"{start} ({bos_reason}))", file=sys.stdout)
+          f"({scored}; {start} ({bos_reason}))", file=sys.stdout)
     return 0
