@@ -45,7 +45,8 @@ def _llama_cpp_order(weight: np.ndarray, heads: int) -> np.ndarray:
     return weight.reshape(heads, 2, rows // heads // 2, cols).swapaxes(1, 2).reshape(rows, cols)
 
 
-def _write_gguf(path, model_dir, kind: str) -> None:
+def _write_gguf(path, model_dir, kind: str, linear_type: gguf.GGMLQuantizationType | None = None) -> None:
+    """linear_type: store the attention and expert matrices quantized to this type (else float32)."""
     c = transformers.AutoConfig.from_pretrained(model_dir)
     qwen = kind == "qwen3moe"
     writer = gguf.GGUFWriter(str(path), "qwen3moe" if qwen else "llama")
@@ -70,6 +71,12 @@ def _write_gguf(path, model_dir, kind: str) -> None:
                            + [gguf.TokenType.BYTE] * 256 + [gguf.TokenType.NORMAL] * 5)
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
+    def add(name: str, weight: np.ndarray, quantize: bool = False) -> None:
+        if quantize and linear_type is not None:
+            writer.add_tensor(name, gguf.quants.quantize(weight, linear_type), raw_dtype=linear_type)
+        else:
+            writer.add_tensor(name, weight)
+
     # the checkpoint as saved: per-expert tensors (transformers fuses them in memory)
     state = {k: v.float().numpy() for k, v in load_file(model_dir / "model.safetensors").items()}
     writer.add_tensor("token_embd.weight", state["model.embed_tokens.weight"])
@@ -88,10 +95,10 @@ def _write_gguf(path, model_dir, kind: str) -> None:
             weight = state[f"{p}.{hf}.weight"]
             if not qwen and name in ("attn_q", "attn_k"):
                 weight = _llama_cpp_order(weight, c.num_attention_heads if name == "attn_q" else c.num_key_value_heads)
-            writer.add_tensor(f"blk.{i}.{name}.weight", weight)
+            add(f"blk.{i}.{name}.weight", weight, quantize=name.startswith("attn_") and not name.endswith("norm"))
         for hf, name in experts:
             merged = np.stack([state[f"{p}.{block}.experts.{e}.{hf}.weight"] for e in range(EXPERTS)])  # (E, rows, cols)
-            writer.add_tensor(f"blk.{i}.{name}.weight", merged)
+            add(f"blk.{i}.{name}.weight", merged, quantize=True)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -118,3 +125,39 @@ def test_moe_gguf_converts_to_the_same_logits(tmp_path, kind, architecture):
     with torch.no_grad():
         expected = hf(ids[None]).logits[0]
     torch.testing.assert_close(_logits(tmp_path / "converted", ids), expected, atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["qwen3moe", "mixtral"])
+def test_quantized_experts_run_natively_from_their_merged_tensors(tmp_path, kind, capfd):
+    from shrike import LLM
+    hf = _tiny_hf(kind)
+    hf.save_pretrained(tmp_path / "hf")
+    _write_gguf(tmp_path / "tiny.gguf", tmp_path / "hf", kind, gguf.GGMLQuantizationType.Q8_0)
+    native = LLM(str(tmp_path / "tiny.gguf"), dtype="float32", progress=False, max_model_len=64).llm_engine
+    # 4 attention + 3 merged expert tensors per layer
+    assert f"{7 * LAYERS} linear tensors run natively from the GGUF blocks ({7 * LAYERS} Q8_0)" in capfd.readouterr().err
+    assert native.runner.model.layers[0].mlp.experts.op == "grouped_linear"
+    converted = LLM(str(tmp_path / "tiny.gguf"), dtype="float32", progress=False, max_model_len=64,
+                    gguf_weights="bf16").llm_engine
+    ids = torch.randint(3, len(VOCAB), (21,), generator=torch.Generator().manual_seed(2))
+
+    def logits(engine):
+        runner = engine.runner
+        step = EagerStep.prefill(runner.model.ops, ids, engine.config.block_size, torch.arange(len(ids)))
+        with torch.inference_mode():
+            return runner.model.forward(step, runner.kv_caches)[0].float()
+
+    # each expert's packed weights are its slice of the merged tensors, exactly as the file dequantizes them
+    reader = gguf.GGUFReader(str(tmp_path / "tiny.gguf"))
+    stored = {t.name: gguf.quants.dequantize(t.data, t.tensor_type) for t in reader.tensors}
+    for layer_index, layer in enumerate(native.runner.model.layers):
+        experts = layer.mlp.experts
+        for e in range(EXPERTS):
+            gate_up = np.concatenate([stored[f"blk.{layer_index}.ffn_gate_exps.weight"][e],
+                                      stored[f"blk.{layer_index}.ffn_up_exps.weight"][e]])
+            assert np.array_equal(experts.gate_up[e].dequantize().numpy(), gate_up)
+            assert np.array_equal(experts.down[e].dequantize().numpy(), stored[f"blk.{layer_index}.ffn_down_exps.weight"][e])
+    got, want = logits(native), logits(converted)
+    # against the bf16 conversion: int8 activation blocks against float32 ones, and bf16-rounded weights
+    assert 0 < (got - want).abs().max() < 0.05 * want.abs().max()
+    assert (got.argmax(-1) == want.argmax(-1)).float().mean() > 0.9

@@ -7,6 +7,8 @@ from the bf16 conversion. Layers all in Q4_0 become W4A8 with groups of 32 (the 
 groups of 16 when any part has them (a group of 32 is two of 16 with the same scale and min), 4-bit
 when every part is. Layers of other types (F16, BF16, F32, Q2_K, Q3_K, the other i-quants) load from
 the bf16 conversion as before. The embedding and a tied lm_head always come from the conversion.
+Mixture-of-experts files merge each layer's experts into one tensor per projection (ffn_*_exps,
+(experts, rows, row bytes)); each expert's linear is its slice of that tensor.
 """
 from __future__ import annotations
 
@@ -29,15 +31,25 @@ from shrike.quantization.loading import QuantizedLinear
 
 _GGUF_PART = {hf: gguf for gguf, hf in LAYER_NAMES.items()}
 _LAYER_PREFIX = re.compile(r"model\.layers\.(\d+)\.(.+)")
+_EXPERT_PREFIX = re.compile(r"model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(\w+)")
+# Qwen3-MoE's and Mixtral's names of an expert's projections -> llama.cpp's merged tensor
+_EXPERT_PART = {"gate_proj": "ffn_gate_exps", "w1": "ffn_gate_exps", "up_proj": "ffn_up_exps", "w3": "ffn_up_exps",
+                "down_proj": "ffn_down_exps", "w2": "ffn_down_exps"}
 GGUF_WEIGHTS = ("native", "bf16")  # --gguf-weights
 
 
-def gguf_tensor_name(prefix: str) -> str | None:
-    """The GGUF name of a Hugging Face linear (model.layers.3.mlp.down_proj -> blk.3.ffn_down.weight)."""
+def gguf_tensor_name(prefix: str) -> tuple[str, int | None] | None:
+    """The GGUF name of a Hugging Face linear and, for an expert's, its index in the merged tensor
+    (model.layers.3.mlp.down_proj -> blk.3.ffn_down.weight; model.layers.3.mlp.experts.7.up_proj ->
+    blk.3.ffn_up_exps.weight, 7)."""
+    expert = _EXPERT_PREFIX.fullmatch(prefix)
+    if expert is not None:
+        part = _EXPERT_PART.get(expert.group(3))
+        return None if part is None else (f"blk.{expert.group(1)}.{part}.weight", int(expert.group(2)))
     match = _LAYER_PREFIX.fullmatch(prefix)
     if match is None or match.group(2) not in _GGUF_PART:
         return None
-    return f"blk.{match.group(1)}.{_GGUF_PART[match.group(2)]}.weight"
+    return f"blk.{match.group(1)}.{_GGUF_PART[match.group(2)]}.weight", None
 
 
 class GGUFLinearFactory:
@@ -48,23 +60,26 @@ class GGUFLinearFactory:
         architecture = str(bytes(reader.fields["general.architecture"].parts[-1]), "utf-8")
         self.rope_heads = {"attn_q": config.num_heads, "attn_k": config.num_kv_heads} if architecture == "llama" else {}
         self.dtype, self.ops = dtype, ops
-        self.native: Counter[str] = Counter()  # GGUF type name -> tensors run from the file's blocks
-        self.converted: Counter[str] = Counter()  # GGUF type name -> tensors loaded from the bf16 conversion
+        self.native: dict[str, str] = {}  # GGUF tensor name -> its type, for tensors run from the file's blocks
+        self.converted: dict[str, str] = {}  # the same for tensors loaded from the bf16 conversion
         self.description = "Repacking"
         self.head = "not the lm_head"  # whether lm_head() gave the head
 
     def __call__(self, tensors: CheckpointTensors, prefixes: list[str], in_features: int, out_features: list[int],
                  bias: bool):
         names = [gguf_tensor_name(p) for p in prefixes]
-        parts = [self.tensors.get(name) if name else None for name in names]
-        if bias or any(p is None or p.tensor_type not in TYPES or in_features % 32 for p in parts):
-            for p in parts:
-                self.converted[p.tensor_type.name if p is not None else "unnamed"] += 1
+        parts = [(self.tensors.get(name[0]), name[1]) if name else (None, None) for name in names]
+        if bias or any(p is None or p.tensor_type not in TYPES or in_features % 32 for p, _ in parts):
+            for prefix, (p, _) in zip(prefixes, parts):
+                if p is None:
+                    self.converted[prefix] = "unnamed"
+                else:
+                    self.converted[p.name] = p.tensor_type.name
             return DenseLinear.load(tensors, prefixes, in_features, out_features, bias, self.dtype,
                                     self.ops.dense_linear)
-        blocks = [self._blocks(p, n) for p, n in zip(parts, out_features)]
-        for p in parts:
-            self.native[p.tensor_type.name] += 1
+        blocks = [self._blocks(p, n, expert) for (p, expert), n in zip(parts, out_features)]
+        for p, _ in parts:
+            self.native[p.name] = p.tensor_type.name
         weight, format = _weight(blocks)
         layer = QuantizedLinear(weight, None, format, sum(out_features))
         layer.checkpoint_parts, layer.in_features = tuple(zip(prefixes, out_features)), in_features  # for LoRA
@@ -77,13 +92,14 @@ class GGUFLinearFactory:
         if tensor.tensor_type not in TYPES or int(tensor.shape[0]) % 32:
             return None
         weight, format = _weight([self._blocks(tensor, vocab_size)])
-        self.native[tensor.tensor_type.name] += 1
+        self.native[tensor.name] = tensor.tensor_type.name
         self.head = "the lm_head"
         return LMHead(weight, vocab_size, f"{format}_linear")
 
-    def _blocks(self, tensor, rows: int) -> GroupedBlocks:
+    def _blocks(self, tensor, rows: int, expert: int | None = None) -> GroupedBlocks:
         k = int(tensor.shape[0])  # GGUF lists the input dimension first
-        blocks = grouped_blocks(tensor.data, tensor.tensor_type, rows, k)
+        data = tensor.data if expert is None else tensor.data[expert]  # merged experts: (experts, rows, row bytes)
+        blocks = grouped_blocks(data, tensor.tensor_type, rows, k)
         heads = self.rope_heads.get(tensor.name.split(".")[-2])
         if heads:
             source_row = undo_rope_permutation(np.arange(rows)[:, None], heads)[:, 0]
@@ -92,13 +108,12 @@ class GGUFLinearFactory:
 
     def summary(self) -> str:
         """The start-up line: which tensors run from the file's blocks and which were converted."""
-        def listed(counts: Counter) -> str:
-            return ", ".join(f"{n} {t}" for t, n in sorted(counts.items()))
-        native = sum(self.native.values())
-        line = f"{native} linear tensors run natively from the GGUF blocks ({listed(self.native) or 'none'}), " \
+        def listed(types: dict[str, str]) -> str:
+            return ", ".join(f"{n} {t}" for t, n in sorted(Counter(types.values()).items()))
+        line = f"{len(self.native)} linear tensors run natively from the GGUF blocks ({listed(self.native) or 'none'}), " \
                f"{self.head} among them"
         if self.converted:
-            line += f"; {sum(self.converted.values())} converted to bf16 ({listed(self.converted)})"
+            line += f"; {len(self.converted)} converted to bf16 ({listed(self.converted)})"
         return line + "; the embedding table from the bf16 conversion"
 
 
