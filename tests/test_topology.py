@@ -5,6 +5,7 @@ cix_p1 follows the CIX P1's ACPI numbering: Cortex-A720 on cores 0,1,6-11 and Co
 (A720 1024, A520 403) times each core's maximum frequency, scaled so the fastest core is 1024.
 """
 
+import os
 import shutil
 from pathlib import Path
 
@@ -186,3 +187,21 @@ def test_this_machine_has_a_binding():
     topology = read_topology()
     binding = resolve_binding(None, None, topology)
     assert binding and set(binding) <= set(topology.usable)
+
+
+@pytest.mark.parametrize("torch_first", [False, True])
+def test_torch_openmp_workers_sleep_or_torch_gets_one_thread(torch_first):
+    """Spinning OpenMP workers take the cores the kernel core's pool needs: Shrike imported first makes them sleep
+    (OMP_WAIT_POLICY=PASSIVE before torch loads libgomp); a torch imported earlier gets one thread instead."""
+    import subprocess
+    import sys
+    code = ("import torch\n" if torch_first else "") + (
+        "import os, shrike, torch\n"
+        "from shrike.platform.binding import bind_compute_threads\n"
+        "cores = bind_compute_threads()\n"
+        "print(os.environ.get('OMP_WAIT_POLICY'), torch.get_num_threads(), len(cores))\n")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    policy, torch_threads, cores = subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True,
+                                                  text=True).stdout.split()
+    assert policy == ("None" if torch_first else "PASSIVE")
+    assert int(torch_threads) == (1 if torch_first else int(cores))

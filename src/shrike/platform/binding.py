@@ -5,7 +5,7 @@ import os
 
 import torch
 
-from shrike import kernels
+from shrike import OPENMP_WORKERS_SPIN, kernels
 from shrike.platform.cpulist import format_cpu_list
 from shrike.platform.topology import read_topology, resolve_binding
 
@@ -15,6 +15,8 @@ def bind_compute_threads(cpu_threads: int | None = None, cpu_bind: str | None = 
     cores = resolve_binding(cpu_threads, cpu_bind, read_topology())
     # The process mask first, so that threads PyTorch creates later inherit it.
     os.sched_setaffinity(0, cores)
-    torch.set_num_threads(len(cores))
+    # Spinning OpenMP workers (shrike/__init__.py) would take the cores from the kernel core's pool: torch's own
+    # ops, small beside the kernel core's, then run on the calling thread only.
+    torch.set_num_threads(1 if OPENMP_WORKERS_SPIN else len(cores))
     kernels.set_threads(len(cores), cpu_bind=format_cpu_list(cores))
     return cores
