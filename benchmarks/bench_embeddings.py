@@ -21,6 +21,7 @@ import httpx
 
 from shrike.default_model import default_gguf_path
 from shrike.server.child import ServerProcess, free_port, health_ok
+from shrike.platform.openmp import peer_environment
 
 NUM_INPUTS, INPUT_TOKENS = 64, 128
 
@@ -60,7 +61,7 @@ def llama_server(binary: str, gguf: Path, threads: int, reps: int, log_dir: Path
                "-c", str(NUM_INPUTS * INPUT_TOKENS), "-b", str(NUM_INPUTS * INPUT_TOKENS),
                "-ub", str(NUM_INPUTS * INPUT_TOKENS), "-np", "1"]
     with open(log_dir / "llama-server.log", "w") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=peer_environment())
     base_url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 300

@@ -25,13 +25,15 @@ import statistics
 import subprocess
 import time
 from pathlib import Path
+from shrike.platform.openmp import peer_environment
 
 PROMPT_TOKENS, DECODE_TOKENS = 512, 32
 
 
 def llama_bench(command: list[str], gguf: str, threads: int) -> tuple[float, float]:
     out = subprocess.run([*command, "-m", gguf, "-t", str(threads), "-p", str(PROMPT_TOKENS), "-n", str(DECODE_TOKENS),
-                          "-r", "1", "-o", "json"], check=True, capture_output=True, text=True).stdout
+                          "-r", "1", "-o", "json"], check=True, capture_output=True, text=True,
+                         env=peer_environment()).stdout
     rows = json.loads(out)
     prefill = next(r["avg_ts"] for r in rows if r["n_prompt"] == PROMPT_TOKENS)
     decode = next(r["avg_ts"] for r in rows if r["n_gen"] == DECODE_TOKENS)

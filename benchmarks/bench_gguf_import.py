@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from shrike.platform.openmp import peer_environment
 
 REPO = Path(__file__).resolve().parents[1]
 TEXTS = [REPO / "tests" / "data" / name for name in ("public_domain_english.txt", "calibration_bill_of_rights.txt")]
@@ -54,7 +55,8 @@ def decode_tokens_per_second(engine, prompt_tokens: int, decode_tokens: int) -> 
 
 def llama_bench_decode(binary: str, gguf: Path, threads: int) -> float:
     out = subprocess.run([binary, "-m", str(gguf), "-t", str(threads), "-p", "0", "-n", str(DECODE_TOKENS),
-                          "-r", "1", "-o", "json"], check=True, capture_output=True, text=True).stdout
+                          "-r", "1", "-o", "json"], check=True, capture_output=True, text=True,
+                         env=peer_environment()).stdout
     return json.loads(out)[0]["avg_ts"]
 
 

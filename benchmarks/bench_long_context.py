@@ -30,6 +30,7 @@ import statistics
 import subprocess
 import time
 from pathlib import Path
+from shrike.platform.openmp import peer_environment
 
 DECODE_TOKENS = 32
 SHRIKE_KV = ("bfloat16", "int8")
@@ -39,7 +40,7 @@ LLAMA_KV = ("f16", "q8_0")
 def llama_decode(binary: str, gguf: str, cache_type: str, context: int, threads: int) -> float:
     out = subprocess.run([binary, "-m", gguf, "-t", str(threads), "-fa", "on", "-ctk", cache_type, "-ctv", cache_type,
                           "-d", str(context), "-p", "0", "-n", str(DECODE_TOKENS), "-r", "1", "-o", "json"],
-                         check=True, capture_output=True, text=True).stdout
+                         check=True, capture_output=True, text=True, env=peer_environment()).stdout
     return next(r["avg_ts"] for r in json.loads(out) if r["n_gen"] == DECODE_TOKENS)
 
 

@@ -259,8 +259,9 @@ class RunningServer:
         self._log = log_path.open("wb")
         self.started = time.perf_counter()
         command = [part.replace(PORT, str(port)) for part in setup.command]
+        from shrike.platform.openmp import peer_environment  # here: --plot runs this file in the peer's venv
         self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT,
-                                        env=os.environ | setup.env, start_new_session=True)
+                                        env=peer_environment() | setup.env, start_new_session=True)
         RunningServer.live.add(self)
 
     async def wait_ready(self, client) -> float:

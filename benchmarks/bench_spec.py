@@ -25,6 +25,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from shrike.platform.openmp import peer_environment
 
 PASSAGE = ("The old river ran slowly past the mill, and in the evenings the miller sat by the river with his "
            "daughter, counting the boats that drifted down toward the town. Each boat carried grain, wool or "
@@ -67,7 +68,7 @@ class LlamaServer:
         command = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(self.port), "-t", str(threads),
                    "-tb", str(threads), "-np", "1", "-c", "4096", "--no-webui", *extra]
         self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
-                                        env=os.environ | {"OMP_NUM_THREADS": str(threads)})
+                                        env=peer_environment() | {"OMP_NUM_THREADS": str(threads)})
         self.http = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=600)
         deadline = time.monotonic() + 300
         while True:

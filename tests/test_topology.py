@@ -205,3 +205,12 @@ def test_torch_openmp_workers_sleep_or_torch_gets_one_thread(torch_first):
                                                   text=True).stdout.split()
     assert policy == ("None" if torch_first else "PASSIVE")
     assert int(torch_threads) == (1 if torch_first else int(cores))
+
+
+def test_programs_started_from_shrike_see_the_users_openmp_policy(monkeypatch):
+    import shrike.platform.openmp as openmp
+    monkeypatch.setattr(openmp, "USER_OMP_WAIT_POLICY", None)
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    assert "OMP_WAIT_POLICY" not in openmp.peer_environment()
+    monkeypatch.setattr(openmp, "USER_OMP_WAIT_POLICY", "ACTIVE")
+    assert openmp.peer_environment()["OMP_WAIT_POLICY"] == "ACTIVE"

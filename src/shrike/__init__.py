@@ -12,6 +12,7 @@ __version__ = "0.1.0"
 # needs next: on 2 cores SmolLM2 decoded at half the speed it does with them asleep. libgomp reads the policy
 # once, when torch loads it; where they spin anyway (torch imported first, or the policy set otherwise),
 # platform/binding.py gives torch one thread.
+USER_OMP_WAIT_POLICY = _os.environ.get("OMP_WAIT_POLICY")  # what other programs started from here should see
 if "torch" not in _sys.modules:
     _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 OPENMP_WORKERS_SPIN = _os.environ.get("OMP_WAIT_POLICY", "").upper() != "PASSIVE"

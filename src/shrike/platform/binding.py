@@ -20,3 +20,4 @@ def bind_compute_threads(cpu_threads: int | None = None, cpu_bind: str | None = 
     torch.set_num_threads(1 if OPENMP_WORKERS_SPIN else len(cores))
     kernels.set_threads(len(cores), cpu_bind=format_cpu_list(cores))
     return cores
+
