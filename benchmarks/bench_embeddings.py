@@ -4,7 +4,8 @@ on the same GGUF, both last-token pooled and normalized, run one after the other
 
     python benchmarks/bench_embeddings.py [--gguf MODEL.gguf] [--llama-server PATH] [--reps 3] [--threads N]
 
-Inputs are token ids (the same 128 for every engine, no tokenizer in the timing); medians of --reps after one
+Inputs are token ids (the same for every engine, new ones in every request so that no prompt cache answers;
+no tokenizer in the timing); medians of --reps after one
 warm-up request. The default model is the test model, SmolLM2-135M-Instruct Q4_1 (Shrike runs its bf16 conversion).
 """
 from __future__ import annotations
@@ -26,15 +27,17 @@ from shrike.platform.openmp import peer_environment
 NUM_INPUTS, INPUT_TOKENS = 64, 128
 
 
-def inputs() -> list[list[int]]:
-    return [[(i * 7919 + j * 31) % 20000 + 100 for j in range(INPUT_TOKENS)] for i in range(NUM_INPUTS)]
+def inputs(rep: int) -> list[list[int]]:
+    """Request rep's inputs: new tokens in every request, so no engine answers from a prompt cache."""
+    return [[((rep * NUM_INPUTS + i) * 7919 + j * 31) % 20000 + 100 for j in range(INPUT_TOKENS)]
+            for i in range(NUM_INPUTS)]
 
 
 def measure(base_url: str, reps: int, model: str) -> float:
     """Median seconds for one request of NUM_INPUTS inputs."""
-    body = {"model": model, "input": inputs(), "encoding_format": "float"}
     times = []
     for rep in range(reps + 1):
+        body = {"model": model, "input": inputs(rep), "encoding_format": "float"}
         start = time.perf_counter()
         response = httpx.post(f"{base_url}/v1/embeddings", json=body, timeout=600)
         response.raise_for_status()
