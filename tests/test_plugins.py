@@ -237,7 +237,7 @@ def test_a_plugin_op_that_does_not_exist_names_the_known_ops():
     register_builtin_ops(registry)
     PluginRegistrar(registry, "typo").register_op("rms_norm", rmsnorm_reference)
     with pytest.raises(ConfigError, match=r"plugin typo registers op 'rms_norm', which does not exist; "
-                                          r"known ops: add_rmsnorm, dense_linear, div_scalar, embedding, gelu_tanh_mul, head_rmsnorm"):
+                                          r"known ops: add_rmsnorm, dense_linear, div_scalar, embedding, gelu_tanh_mul, grouped_linear, head_rmsnorm"):
         registry.op_table()
 
 
