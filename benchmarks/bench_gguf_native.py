@@ -30,7 +30,7 @@ def _sibling(name: str):
 
 def make_engine(gguf: str, mode: str, threads: int):
     from shrike.engine.llm_engine import EngineConfig, LLMEngine
-    return LLMEngine(EngineConfig(model=gguf, gguf_weights=mode, max_model_len=2048, max_num_seqs=1,
+    return LLMEngine(EngineConfig(model=gguf, gguf_weights=mode, max_model_len=1024, max_num_seqs=1,
                                   max_num_batched_tokens=512, kv_cache_space=0.0625, enable_prefix_caching=False,
                                   cpu_threads=threads, progress=False))
 
