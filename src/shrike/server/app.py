@@ -15,7 +15,7 @@ from shrike.server.connection import DEFAULT_BODY_TIMEOUT_SECONDS
 from shrike.server.completions import create_completion
 from shrike.server.context import ServerContext
 from shrike.server.embeddings import install_embeddings
-from shrike.server.lora import install_lora, lora_model_cards
+from shrike.server.lora import install_lora, model_cards
 from shrike.server.errors import APIError, install_error_handlers
 from shrike.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from shrike.server.middleware import APIKeyMiddleware, RequestBodyMiddleware, UnreadBodyClosesConnection
@@ -77,9 +77,7 @@ def build_app(ctx: ServerContext, log_stats: bool = True, startup_message: str |
 
     @app.get("/v1/models")
     async def models() -> dict:
-        base = [{"id": name, "object": "model", "created": ctx.created, "owned_by": "shrike", "root": ctx.model_root,
-                 "parent": None, "max_model_len": ctx.max_model_len} for name in ctx.served_model_names]
-        return {"object": "list", "data": base + lora_model_cards(ctx)}
+        return {"object": "list", "data": model_cards(ctx)}
 
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str) -> dict:

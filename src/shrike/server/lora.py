@@ -11,13 +11,16 @@ from shrike.server.errors import APIError
 from shrike.server.protocol import LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest
 
 
-def lora_model_cards(ctx: ServerContext) -> list[dict]:
+def model_cards(ctx: ServerContext) -> list[dict]:
+    """/v1/models: the served names of the base model, then the LoRA adapters, whose parent is the base model."""
+    def card(name: str, root: str, parent: str | None) -> dict:
+        return {"id": name, "object": "model", "created": ctx.created, "owned_by": "shrike", "root": root,
+                "parent": parent, "max_model_len": ctx.max_model_len}
+
     lora = ctx.async_engine.engine.lora
-    if lora is None:
-        return []
-    return [{"id": name, "object": "model", "created": ctx.created, "owned_by": "shrike",
-             "root": str(registered.adapter.path), "parent": ctx.model_name, "max_model_len": ctx.max_model_len}
-            for name, registered in list(lora.adapters.items())]
+    adapters = [] if lora is None else list(lora.adapters.items())
+    return [card(name, ctx.model_root, None) for name in ctx.served_model_names] + \
+        [card(name, str(registered.adapter.path), ctx.model_name) for name, registered in adapters]
 
 
 def install_lora(app: FastAPI, ctx: ServerContext) -> None:
