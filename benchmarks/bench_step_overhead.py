@@ -1,10 +1,13 @@
 """Python time per engine step: LLMEngine.step and ModelRunner.step minus the time inside the
 executor's C++ calls, batch-1 decode (default: 200 steps after 20 warm-up steps).
 
-    python benchmarks/bench_step_overhead.py MODEL_DIR [--steps 200] [--batch 1] [--eager]
+    python benchmarks/bench_step_overhead.py MODEL_DIR [--steps 200] [--batch 1] [--eager] [--ops]
 
 Prints medians in ms: the C++ forward, the runner's Python around it (of which the sampler), and
-the rest of the engine step (scheduling, postprocessing, detokenizing). A benchmark, not a test:
+the rest of the engine step (scheduling, postprocessing, detokenizing). `--ops` then runs as many
+steps again with the executor's per-op timer on and prints where the forward goes: each op kind
+(a linear by its N x K) with its calls and milliseconds per step, its share of the forward, and the
+gap between the summed ops and the forward call (step preparation, the GIL hand-over). A benchmark, not a test:
 timings on a shared machine are noisy, so the Python share is also given as the main thread's CPU
 time (time.thread_time), which other processes on the machine do not inflate as much.
 """
@@ -51,6 +54,7 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--eager", action="store_true", help="time the eager Python forward instead")
+    p.add_argument("--ops", action="store_true", help="then profile the compiled forward op by op")
     args = p.parse_args()
     engine = LLMEngine(EngineConfig(model=args.model, max_model_len=1024, kv_cache_space=0.25,
                                     compiled_forward=not args.eager, progress=False))
@@ -83,6 +87,36 @@ def main() -> None:
     print(f"  engine.step minus forward {ms(minus(engine_step.times, inner.times)):>10.3f} / "
           f"{ms(minus(engine_step.cpu, inner.cpu)):.3f}")
     print(f"  engine.step               {ms(engine_step.times):>10.3f} / {ms(engine_step.cpu):.3f}")
+    if args.ops and runner.compiled:
+        print_op_profile(engine, runner.compiled.exe, n, args.batch)
+
+
+def print_op_profile(engine, timed_exe, steps: int, batch: int) -> None:
+    params = SamplingParams(max_tokens=steps + 2, temperature=0, ignore_eos=True)
+    for i in range(batch):
+        engine.add_request(f"profiled{i}", [1, 2, 3, 4 + i], params)
+    engine.step()  # prefill, not profiled
+    exe = timed_exe.exe
+    exe.set_profiling(True)
+    calls_before = len(timed_exe.run.times)
+    for _ in range(steps):
+        engine.step()
+    forward_ns = sum(timed_exe.run.times[calls_before:]) * 1e9
+    nanoseconds = exe.op_nanoseconds
+    exe.set_profiling(False)
+    kinds: dict[tuple[str, str], list[float]] = {}
+    for name, detail, ns in zip(exe.op_names, exe.op_details, nanoseconds):
+        kind = kinds.setdefault((name, detail), [0, 0.0])
+        kind[0] += 1
+        kind[1] += ns
+    print(f"per op over {steps} more steps (executor timer on), ms per step:")
+    print(f"  {'op':<28}{'calls':>6}{'ms':>9}{'share':>8}")
+    for (name, detail), (calls, ns) in sorted(kinds.items(), key=lambda item: -item[1][1]):
+        label = f"{name} {detail}".strip()
+        print(f"  {label:<28}{calls:>6}{ns / steps / 1e6:>9.3f}{ns / forward_ns:>8.1%}")
+    summed = sum(nanoseconds)
+    print(f"  {'forward call, not in an op':<28}{'':>6}{(forward_ns - summed) / steps / 1e6:>9.3f}"
+          f"{(forward_ns - summed) / forward_ns:>8.1%}")
 
 
 if __name__ == "__main__":

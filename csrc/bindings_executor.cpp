@@ -286,7 +286,8 @@ void bind_executor(nb::module_& m) {
                         const std::string& out_dtype, bool prequantized) {
         require(!prequantized || format_of(l.kind).quantized_input, kOp, "only a quantized linear takes pre-quantized rows");
         p.exe.add_op(std::string(format_of(l.kind).name) + "_linear",
-                     linear_op(l, {x, rows_named(rows)}, out, dtype_named(x_dtype), dtype_named(out_dtype), prequantized));
+                     linear_op(l, {x, rows_named(rows)}, out, dtype_named(x_dtype), dtype_named(out_dtype), prequantized),
+                     std::to_string(l.n) + "x" + std::to_string(l.k));
       })
       .def("rope_write_kv", [](PyExecutor& p, int qkv, int rope, int q_out, Array& key_cache, Array& value_cache,
                                int64_t num_heads, const std::string& act_dtype) {
@@ -345,5 +346,9 @@ void bind_executor(nb::module_& m) {
            "Checks the step inputs and derives slots, attention tables and rotary rows -> the tables' width.")
       .def("run", &run, nb::arg("begin"), nb::arg("end"), "Runs ops [begin, end) of the tape, GIL released.")
       .def_prop_ro("op_names", [](const PyExecutor& p) { return p.exe.op_names(); })
+      .def_prop_ro("op_details", [](const PyExecutor& p) { return p.exe.op_details(); })
+      .def("set_profiling", [](PyExecutor& p, bool on) { p.exe.set_profiling(on); }, nb::arg("on"),
+           "Starts (zeroing them) or stops the per-op wall-time totals of op_nanoseconds; stopped, they stay readable.")
+      .def_prop_ro("op_nanoseconds", [](const PyExecutor& p) { return p.exe.op_nanoseconds(); })
       .def("__len__", [](const PyExecutor& p) { return p.exe.size(); });
 }

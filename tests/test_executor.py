@@ -185,6 +185,28 @@ def test_executor_rejects_inputs_outside_its_buffers(tiny_dirs, tmp_path):
     assert math.isfinite(compiled.run(1, 1, 1).sum().item())
 
 
+def test_the_op_timer_counts_every_op_of_a_step_and_changes_no_logit(tiny_dirs, tmp_path):
+    quantized = tmp_path / "q"
+    _quantize(tiny_dirs["llama"], quantized, "w4a8-g32")
+    engine = _engine(quantized, True)
+    exe = engine.runner.compiled.exe
+    assert len(exe.op_details) == len(exe.op_names)
+    linears = {detail for name, detail in zip(exe.op_names, exe.op_details) if name.endswith("_linear")}
+    config = json.loads((quantized / "config.json").read_text())
+    assert f"{config['intermediate_size']}x{config['hidden_size']}" in linears or \
+        f"{2 * config['intermediate_size']}x{config['hidden_size']}" in linears
+    plain = engine.generate([PROMPT], GREEDY)[0][0].token_ids
+    exe.set_profiling(True)
+    assert exe.op_nanoseconds == [0] * len(exe)
+    timed = engine.generate([PROMPT], GREEDY)[0][0].token_ids
+    nanoseconds = exe.op_nanoseconds
+    exe.set_profiling(False)
+    assert timed == plain
+    assert len(nanoseconds) == len(exe) and all(ns > 0 for ns in nanoseconds)
+    engine.generate([PROMPT], GREEDY)
+    assert exe.op_nanoseconds == nanoseconds  # off: nothing more is added
+
+
 @pytest.fixture(scope="module")
 def gemma3_dir(tmp_path_factory, default_model_dir):
     """A tiny random Gemma 3 (4-token sliding window, soft-capping, linear RoPE scaling) with SmolLM2's vocabulary."""

@@ -2,6 +2,7 @@
 #include "executor/executor.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <stdexcept>
@@ -60,9 +61,15 @@ int Executor::add_buffer(void* data) {
   return static_cast<int>(buffers_.size() - 1);
 }
 
-void Executor::add_op(std::string name, OpFn fn) {
+void Executor::add_op(std::string name, OpFn fn, std::string detail) {
   names_.push_back(std::move(name));
+  details_.push_back(std::move(detail));
   ops_.push_back(std::move(fn));
+}
+
+void Executor::set_profiling(bool on) {
+  if (on && !profiling_) op_ns_.assign(ops_.size(), 0);  // off keeps the totals for reading
+  profiling_ = on;
 }
 
 Step Executor::prepare(int64_t num_seqs, int64_t num_tokens, int64_t num_logits) {
@@ -119,7 +126,16 @@ Step Executor::prepare(int64_t num_seqs, int64_t num_tokens, int64_t num_logits)
 void Executor::run(const Step& step, size_t begin, size_t end) {
   if (begin > end || end > ops_.size()) bad_input("op range outside the tape");
   runtime::WorkerSpin spin;  // workers stay awake between the ops of this step
-  for (size_t i = begin; i < end; ++i) ops_[i](*this, step);
+  if (!profiling_) {
+    for (size_t i = begin; i < end; ++i) ops_[i](*this, step);
+    return;
+  }
+  op_ns_.resize(ops_.size(), 0);
+  for (size_t i = begin; i < end; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    ops_[i](*this, step);
+    op_ns_[i] += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+  }
 }
 
 // Op builders ---------------------------------------------------------------------------------

@@ -67,9 +67,16 @@ class Executor {
   int add_buffer(void* data);
   void bind_buffer(int id, void* data) { buffers_.at(id) = data; }
   void* buffer(int id) const { return buffers_[id]; }
-  void add_op(std::string name, OpFn fn);
+  // `detail` tells ops of one name apart in a profile (a linear's N x K).
+  void add_op(std::string name, OpFn fn, std::string detail = "");
   const std::vector<std::string>& op_names() const { return names_; }
+  const std::vector<std::string>& op_details() const { return details_; }
   size_t size() const { return ops_.size(); }
+
+  // Turned on, zeroes the totals; while on, run() adds each op's wall time to op_nanoseconds()[op] (the pool's wake-up and final
+  // barrier included, as a step pays them); off, it costs one branch per segment.
+  void set_profiling(bool on);
+  const std::vector<int64_t>& op_nanoseconds() const { return op_ns_; }
 
   // Checks the step inputs and derives slots, attention tables and rotary rows; throws
   // std::invalid_argument on inputs outside the executor's buffers.
@@ -80,7 +87,9 @@ class Executor {
  private:
   std::vector<void*> buffers_;
   std::vector<OpFn> ops_;
-  std::vector<std::string> names_;
+  std::vector<std::string> names_, details_;
+  bool profiling_ = false;
+  std::vector<int64_t> op_ns_;
 };
 
 // Op builders: each returns the closure the tape stores. `quantize_for`, when set, is the
