@@ -5,7 +5,9 @@ measured before and after, and each engine's decode weight-read rate beside it.
     python benchmarks/bench_engine_vs_llamacpp.py SHRIKE_DIR MODEL.gguf [--llama-bench PATH] [--reps 3]
 
 Shrike: a 512-token prompt's time to first token gives prefill tokens/s; 32 further greedy
-tokens give decode tokens/s. llama.cpp: `llama-bench -p 512 -n 32 -t 2`; each --peer is another
+tokens give decode tokens/s. llama.cpp: `llama-bench -p 512 -n 0 -t 2` for prefill and `-p 0 -n 32 -d 512`
+(ik_llama.cpp: `-gp 512,32`) for decode, so every engine decodes with the same 512 tokens in its cache (a
+plain `-n 32` decodes from an empty cache: SmolLM2 Q4_1 160 tok/s there, 111 at depth 512); each --peer is another
 llama-bench build (e.g. ik_llama.cpp's) with its own flags. Medians of --reps. Bytes per decoded token:
 every matrix but the embedding, and of MoE experts only the share a token uses.
 
@@ -18,6 +20,7 @@ The MoE benchmark of issue 32 (Qwen3-30B-A3B's layer shapes, 12 of its 48 layers
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shlex
@@ -30,13 +33,30 @@ from shrike.platform.openmp import peer_environment
 PROMPT_TOKENS, DECODE_TOKENS = 512, 32
 
 
+def _bench_json(command: list[str], gguf: str, threads: int, *flags: str) -> list[dict]:
+    out = subprocess.run([*command, "-m", gguf, "-t", str(threads), *flags, "-r", "1", "-o", "json"], check=True,
+                         capture_output=True, text=True, env=peer_environment()).stdout
+    return json.loads(out)
+
+
+@functools.cache
+def _depth_flags(binary: str) -> tuple[str, ...]:
+    """llama-bench flags for 32 generated tokens after a 512-token prompt, as Shrike decodes them: mainline's
+    `-d` (depth), or ik_llama.cpp's `-gp` (generation after a prompt, timed alone)."""
+    usage = subprocess.run([binary, "--help"], capture_output=True, text=True).stdout
+    if "--n-depth" in usage:
+        return ("-p", "0", "-n", str(DECODE_TOKENS), "-d", str(PROMPT_TOKENS))
+    if "-gp" in usage:
+        return ("-p", "0", "-n", "0", "-gp", f"{PROMPT_TOKENS},{DECODE_TOKENS}")
+    raise SystemExit(f"{binary}: this llama-bench can generate only from an empty context (no -d or -gp); "
+                     "build a newer one with benchmarks/build_peers.sh")
+
+
 def llama_bench(command: list[str], gguf: str, threads: int) -> tuple[float, float]:
-    out = subprocess.run([*command, "-m", gguf, "-t", str(threads), "-p", str(PROMPT_TOKENS), "-n", str(DECODE_TOKENS),
-                          "-r", "1", "-o", "json"], check=True, capture_output=True, text=True,
-                         env=peer_environment()).stdout
-    rows = json.loads(out)
-    prefill = next(r["avg_ts"] for r in rows if r["n_prompt"] == PROMPT_TOKENS)
-    decode = next(r["avg_ts"] for r in rows if r["n_gen"] == DECODE_TOKENS)
+    """(prefill tok/s of a 512-token prompt, decode tok/s of 32 tokens with those 512 in the cache)."""
+    prefill = _bench_json(command, gguf, threads, "-p", str(PROMPT_TOKENS), "-n", "0")[0]["avg_ts"]
+    decode = next(r["avg_ts"] for r in _bench_json(command, gguf, threads, *_depth_flags(command[0]))
+                  if r["n_gen"] == DECODE_TOKENS)
     return prefill, decode
 
 

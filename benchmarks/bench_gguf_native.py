@@ -5,8 +5,8 @@ file size, each in a fresh process.
     python benchmarks/bench_gguf_native.py MODEL.gguf [--llama-bench PATH] [--reps 5] [--threads 2]
 
 Prefill: a 512-token prompt's time to first token; decode: 32 further greedy tokens at batch 1 (Shrike), and
-`llama-bench -p 512 -n 32` (bench_engine_vs_llamacpp.py's measurements). Medians of --reps rounds, each round
-running every engine once. Resident memory: VmRSS after loading and one short request, with a 64 MiB KV cache.
+`llama-bench` decoding with the same 512 tokens cached (bench_engine_vs_llamacpp.py's measurements). Medians
+of --reps rounds, each round running every engine once. Resident memory: VmRSS after loading and one short request, with a 64 MiB KV cache.
 """
 from __future__ import annotations
 
