@@ -6,7 +6,8 @@ file size, each in a fresh process.
 
 Prefill: a 512-token prompt's time to first token; decode: 32 further greedy tokens at batch 1 (Shrike), and
 `llama-bench` decoding with the same 512 tokens cached (bench_engine_vs_llamacpp.py's measurements). Medians
-of --reps rounds, each round running every engine once. Resident memory: VmRSS after loading and one short request, with a 64 MiB KV cache.
+of --reps rounds, each round running every engine once. Resident memory: VmRSS after loading and one short
+request, with a 64 MiB KV cache.
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ Prints medians in ms: the C++ forward, the runner's Python around it (of which t
 the rest of the engine step (scheduling, postprocessing, detokenizing). `--ops` then runs as many
 steps again with the executor's per-op timer on and prints where the forward goes: each op kind
 (a linear by its N x K) with its calls and milliseconds per step, its share of the forward, and the
-gap between the summed ops and the forward call (step preparation, the GIL hand-over). A benchmark, not a test:
+gap between the summed ops and the executor's run calls (the binding, the GIL hand-over). A benchmark, not a test:
 timings on a shared machine are noisy, so the Python share is also given as the main thread's CPU
 time (time.thread_time), which other processes on the machine do not inflate as much.
 """
@@ -115,7 +115,7 @@ def print_op_profile(engine, timed_exe, steps: int, batch: int) -> None:
         label = f"{name} {detail}".strip()
         print(f"  {label:<28}{calls:>6}{ns / steps / 1e6:>9.3f}{ns / forward_ns:>8.1%}")
     summed = sum(nanoseconds)
-    print(f"  {'forward call, not in an op':<28}{'':>6}{(forward_ns - summed) / steps / 1e6:>9.3f}"
+    print(f"  {'run call, not in an op':<28}{'':>6}{(forward_ns - summed) / steps / 1e6:>9.3f}"
           f"{(forward_ns - summed) / forward_ns:>8.1%}")
 
 

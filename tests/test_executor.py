@@ -185,7 +185,7 @@ def test_executor_rejects_inputs_outside_its_buffers(tiny_dirs, tmp_path):
     assert math.isfinite(compiled.run(1, 1, 1).sum().item())
 
 
-def test_the_op_timer_counts_every_op_of_a_step_and_changes_no_logit(tiny_dirs, tmp_path):
+def test_the_op_timer_counts_every_op_of_a_step_and_changes_no_token(tiny_dirs, tmp_path):
     quantized = tmp_path / "q"
     _quantize(tiny_dirs["llama"], quantized, "w4a8-g32")
     engine = _engine(quantized, True)

@@ -73,8 +73,9 @@ class Executor {
   const std::vector<std::string>& op_details() const { return details_; }
   size_t size() const { return ops_.size(); }
 
-  // Turned on, zeroes the totals; while on, run() adds each op's wall time to op_nanoseconds()[op] (the pool's wake-up and final
-  // barrier included, as a step pays them); off, it costs one branch per segment.
+  // Turned on, zeroes the totals; while on, run() adds each op's wall time to op_nanoseconds()[op]
+  // (the pool's wake-up and final barrier included, as a step pays them); off, it costs one branch
+  // per segment.
   void set_profiling(bool on);
   const std::vector<int64_t>& op_nanoseconds() const { return op_ns_; }
 
