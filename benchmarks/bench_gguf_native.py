@@ -1,19 +1,24 @@
 """A GGUF file run natively (its quant blocks on the int8 kernels) next to its bf16 conversion and llama.cpp's
-`llama-bench` on the same file, interleaved in one run; then each Shrike mode's resident memory beside the
-file size, each in a fresh process.
+`llama-bench` on the same file (and any --peer build, e.g. ik_llama.cpp's), interleaved in one run, with the
+read probe before and after; then each Shrike mode's resident memory beside the file size, each in a fresh
+process.
 
     python benchmarks/bench_gguf_native.py MODEL.gguf [--llama-bench PATH] [--reps 5] [--threads 2]
+        [--peer "ik_llama.cpp=IK_BUILD/bin/llama-bench -rtr 1"] [--modes native,bf16]
 
 Prefill: a 512-token prompt's time to first token; decode: 32 further greedy tokens at batch 1 (Shrike), and
 `llama-bench` decoding with the same 512 tokens cached (bench_engine_vs_llamacpp.py's measurements). Medians
-of --reps rounds, each round running every engine once. Resident memory: VmRSS after loading and one short
-request, with a 64 MiB KV cache.
+of --reps rounds, each round running every engine once. Decode GB/s: the file's bytes a token reads (every
+matrix but an untied embedding; bench_serving.gguf_bytes_per_token) times tokens/s, the same bytes for every
+engine, and its share of the best probe reading of the run. Resident memory: VmRSS after loading and one
+short request, with a 64 MiB KV cache.
 """
 from __future__ import annotations
 
 import argparse
 import importlib.util
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -52,36 +57,60 @@ def resident_mib(gguf: str, mode: str, threads: int) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("gguf")
-    peers = os.environ.get("SHRIKE_PEERS_DIR") or str(Path.home() / ".cache" / "shrike-peers")
-    parser.add_argument("--llama-bench", default=f"{peers}/llama-build/bin/llama-bench")
+    peers_dir = os.environ.get("SHRIKE_PEERS_DIR") or str(Path.home() / ".cache" / "shrike-peers")
+    parser.add_argument("--llama-bench", default=f"{peers_dir}/llama-build/bin/llama-bench")
+    parser.add_argument("--peer", action="append", default=[], metavar="NAME=COMMAND",
+                        help="another llama-bench timed in the same rounds, with its flags, e.g. "
+                             "'ik_llama.cpp=/path/llama-bench -rtr 1' (repeatable)")
+    parser.add_argument("--modes", default=",".join(MODES), help="Shrike's --gguf-weights modes to run")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
-    vs_llamacpp = _sibling("bench_engine_vs_llamacpp")
+    modes = [m for m in args.modes.split(",") if m]
+    if not modes or set(modes) - set(MODES):
+        parser.error(f"--modes: a comma-separated subset of {','.join(MODES)}")
+    peers = {"llama.cpp": [args.llama_bench]}
+    for peer in args.peer:
+        name, _, command = peer.partition("=")
+        if not name or not command.strip():
+            parser.error(f"--peer {peer!r}: expected NAME=COMMAND")
+        peers[name] = shlex.split(command)
+    vs_llamacpp, read_probe = _sibling("bench_engine_vs_llamacpp"), _sibling("read_probe")
+    token_bytes = _sibling("bench_serving").gguf_bytes_per_token(Path(args.gguf))
+    probe = read_probe.ReadProbe(max_threads=args.threads)
+    probe.sweep()
 
-    engines = {f"shrike-{mode}": make_engine(args.gguf, mode, args.threads) for mode in MODES}
+    engines = {f"shrike-{mode}": make_engine(args.gguf, mode, args.threads) for mode in modes}
     for engine in engines.values():
         vs_llamacpp.shrike_run(engine)  # warm-up
-    runs = {name: [] for name in [*engines, "llama.cpp"]}
+    bw_before = probe.gb_per_s()
+    runs = {name: [] for name in [*engines, *peers]}
     for _ in range(args.reps):
         for name, engine in engines.items():
             runs[name].append(vs_llamacpp.shrike_run(engine))
-        runs["llama.cpp"].append(vs_llamacpp.llama_bench([args.llama_bench], args.gguf, args.threads))
+        for name, command in peers.items():
+            runs[name].append(vs_llamacpp.llama_bench(command, args.gguf, args.threads))
+    bw_after = probe.gb_per_s()
     del engines
 
-    print(f"{Path(args.gguf).name}, {args.threads} threads, medians of {args.reps} interleaved rounds")
-    print(f"{'engine':<16}{'prefill-512 tok/s':>19}{'decode b1 tok/s':>17}")
+    bw = max(bw_before, bw_after)
+    print(f"{Path(args.gguf).name}, {args.threads} threads, medians of {args.reps} interleaved rounds; read "
+          f"bandwidth {bw_before:.1f} -> {bw_after:.1f} GB/s ({probe.describe()}); {token_bytes / 1e9:.3f} GB "
+          "of the file read per decoded token")
+    print(f"{'engine':<16}{'prefill-512 tok/s':>19}{'decode b1 tok/s':>17}{'decode GB/s':>13}{'of probe':>10}")
     medians = {}
     for name, samples in runs.items():
         medians[name] = statistics.median(s[0] for s in samples), statistics.median(s[1] for s in samples)
-        print(f"{name:<16}{medians[name][0]:>19.1f}{medians[name][1]:>17.2f}")
-    for name in ("shrike-bf16", "llama.cpp"):
-        print(f"shrike-native / {name}: prefill {medians['shrike-native'][0] / medians[name][0]:.2f}x, "
-              f"decode {medians['shrike-native'][1] / medians[name][1]:.2f}x")
+        rate = medians[name][1] * token_bytes / 1e9
+        print(f"{name:<16}{medians[name][0]:>19.1f}{medians[name][1]:>17.2f}{rate:>13.1f}{rate / bw:>10.0%}")
+    if "shrike-native" in medians:
+        for name in [n for n in medians if n != "shrike-native"]:
+            print(f"shrike-native / {name}: prefill {medians['shrike-native'][0] / medians[name][0]:.2f}x, "
+                  f"decode {medians['shrike-native'][1] / medians[name][1]:.2f}x")
     for name, samples in runs.items():
         print(f"  {name} runs (prefill, decode): " + ", ".join(f"({p:.1f}, {d:.2f})" for p, d in samples))
     file_mib = Path(args.gguf).stat().st_size / 2**20
-    for mode in MODES:
+    for mode in modes:
         rss = resident_mib(args.gguf, mode, args.threads)
         print(f"resident memory, shrike-{mode}: {rss:.0f} MiB (file {file_mib:.0f} MiB, {rss / file_mib:.2f}x; "
               "process total incl. torch and a 64 MiB KV cache)")

@@ -263,6 +263,13 @@ void bind_executor(nb::module_& m) {
         require(table.ndim() == 2 && dim(table, 0) == p.exe.vocab, kOp, "embedding table must be (vocab, hidden)");
         p.exe.add_op("embedding", embedding_op(out, table.data(), dim(table, 1), scale, dt));
       })
+      .def("packed_embedding", [](PyExecutor& p, int out, const nb::ndarray<nb::device::cpu>& packed,
+                                  const std::string& format, int64_t n, int64_t k, int64_t group, int bits, bool has_min,
+                                  float scale, const std::string& dtype) {
+        const shrike::PackedTable table = packed_table(packed, format, n, k, group, bits, has_min, kOp);
+        require(n == p.exe.vocab, kOp, "the packed embedding table must have a row per vocabulary entry");
+        p.exe.add_op("embedding", packed_embedding_op(out, table, scale, dtype_named(dtype)));
+      })
       .def("rmsnorm", [](PyExecutor& p, int x, const std::string& rows, const Array& weight, int out, float eps,
                          OptLinear quantize_for) {
         p.exe.add_op("rmsnorm", rmsnorm_op({x, rows_named(rows)}, weight.data(), out, static_cast<int64_t>(weight.size()), eps,

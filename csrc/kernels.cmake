@@ -42,7 +42,7 @@ endforeach()
 set_property(SOURCE ${CMAKE_CURRENT_LIST_DIR}/attention/attention_amx.cpp ${CMAKE_CURRENT_LIST_DIR}/attention/attention_amx_ref.cpp
                     ${CMAKE_CURRENT_LIST_DIR}/attention/attention_int16_avx512vnni.cpp
                     ${CMAKE_CURRENT_LIST_DIR}/attention/attention_int16_ref.cpp
-                    ${CMAKE_CURRENT_LIST_DIR}/moe/moe.cpp
+                    ${CMAKE_CURRENT_LIST_DIR}/moe/moe.cpp ${CMAKE_CURRENT_LIST_DIR}/fused/packed_embedding.cpp
                     ${CMAKE_CURRENT_LIST_DIR}/lora/lora_ref.cpp ${CMAKE_CURRENT_LIST_DIR}/lora/lora_avx2.cpp
                     ${CMAKE_CURRENT_LIST_DIR}/lora/lora_avx512vnni.cpp
              APPEND PROPERTY COMPILE_OPTIONS -ffp-contract=off)

@@ -12,12 +12,14 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 
-from shrike import LLM, SamplingParams
+from shrike import LLM, SamplingParams, _C
 from shrike.convert.gguf_blocks import TYPES, grouped_blocks
 from shrike.executor.step import EagerStep
 from shrike.layers.linear import DenseLinear
 from shrike.kernels import GroupedWeight, W4A8Weight, quantize_activations
-from shrike.ops import grouped_linear_kernel, grouped_linear_reference, quantize_blocks_of_32
+from shrike.model.gguf_linear import GGUFLinearFactory
+from shrike.ops import (embedding_kernel, embedding_reference, grouped_linear_kernel, grouped_linear_reference,
+                        quantize_blocks_of_32)
 from tests.test_gguf_tensor_types import HEADS, HIDDEN, KV_HEADS, SHAPES, stored_block_bytes, write_typed_gguf
 
 QUANTIZABLE = {Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0}  # gguf.quants.quantize writes these in numpy
@@ -172,3 +174,64 @@ def test_gemma3_q4_k_m_answers_natively_like_its_bf16_conversion_up_to_near_ties
                 assert set(top) == {a, b}, (position, top)
                 assert abs(top[a].logprob - top[b].logprob) < 0.5, (position, top)
                 break
+
+
+@pytest.mark.parametrize("qtype", list(TYPES), ids=[t.name for t in TYPES])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_embedding_rows_from_packed_blocks_equal_the_bf16_conversions_rows(qtype, dtype):
+    rows, cols = 37, 512
+    data = stored(qtype, rows, cols, seed=int(qtype) + 1)
+    table = torch.from_numpy(gguf.quants.dequantize(data, qtype).reshape(rows, cols).astype(np.float32))
+    converted = table.to(torch.bfloat16).to(dtype)  # as the bf16 conversion loads it
+    packed = packed_form(qtype, data, rows, cols)
+    token_ids = torch.tensor([36, 0, 7, 7, 35, 8, 1])  # repeats, the last (partial) tile, tile edges
+    for scale in (1.0, 22.627417):  # Gemma's sqrt(hidden)
+        want = torch.empty(len(token_ids), cols, dtype=dtype)
+        embedding_reference(token_ids, converted, want, scale)
+        for op in (embedding_kernel, embedding_reference):
+            got = torch.empty_like(want)
+            op(token_ids, packed, got, scale)
+            assert torch.equal(got.view(torch.int16 if dtype == torch.bfloat16 else torch.int32),
+                               want.view(torch.int16 if dtype == torch.bfloat16 else torch.int32)), (op, scale)
+
+
+def test_packed_embedding_rejects_a_table_of_another_shape_and_ids_outside_it():
+    packed = packed_form(Q.Q8_0, stored(Q.Q8_0, 16, 64, seed=3), 16, 64)
+    out = torch.empty(1, 64)
+    with pytest.raises(ValueError, match="token id outside the table"):
+        embedding_kernel(torch.tensor([16]), packed, out, 1.0)
+    with pytest.raises(ValueError, match="packed must be"):
+        _C.packed_embedding(torch.tensor([0]), packed.packed[:-1], "grouped", 16, 64, 32, 8, False, out, 1.0)
+
+
+# (token_embd type, output.weight type or None for a tied head)
+EMBEDDINGS = [(Q.Q8_0, None), (Q.Q4_0, None), (Q.Q6_K, Q.Q8_0), (Q.F32, Q.Q4_K)]
+
+
+@pytest.mark.parametrize("embedding,output", EMBEDDINGS, ids=lambda t: getattr(t, "name", "tied"))
+def test_the_embedding_table_runs_from_the_files_blocks_and_answers_like_the_conversions_table(
+        embedding, output, tmp_path, capfd, monkeypatch):
+    path = tmp_path / "typed.gguf"
+    write_typed_gguf(path, [Q.Q4_K, Q.Q8_0], slots=ALL_SLOTS, embedding=embedding, output=output)
+    prompts = [[1, 260, 261, 262, 263, 5, 9], [1, 40, 41]]
+    params = SamplingParams(temperature=0, max_tokens=8, logprobs=3, ignore_eos=True)
+
+    def run():
+        llm = LLM(str(path), dtype="float32", progress=False, max_model_len=64)
+        outs = [o.outputs[0] for o in llm.generate(prompts, params)]
+        return llm.llm_engine.runner.model, [(o.token_ids, [{t: lp.logprob for t, lp in p.items()}
+                                                            for p in o.logprobs]) for o in outs]
+
+    model, packed_runs = run()
+    line = capfd.readouterr().err
+    if embedding == Q.F32:  # no kernel for the type: the conversion's table
+        assert isinstance(model.embed_tokens, torch.Tensor)
+        assert "the embedding table from the bf16 conversion" in line
+        return
+    assert isinstance(model.embed_tokens, (W4A8Weight, GroupedWeight))
+    assert f"the embedding table from its {embedding.name} blocks" in line
+    assert (model.embed_tokens is model.lm_head.weight) == (output is None)  # a tied table is held once
+    monkeypatch.setattr(GGUFLinearFactory, "embedding_table", lambda self, vocab, head: None)
+    model, tensor_runs = run()
+    assert isinstance(model.embed_tokens, torch.Tensor)
+    assert packed_runs == tensor_runs

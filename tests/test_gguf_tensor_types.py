@@ -57,9 +57,11 @@ def encode(qtype: Q, weight: np.ndarray, rng: np.random.Generator) -> np.ndarray
 
 
 def write_typed_gguf(path: Path, types: list[Q], architecture: str = "llama",
-                     slots: list[tuple[int, str, str]] = SLOTS) -> dict[str, np.ndarray]:
+                     slots: list[tuple[int, str, str]] = SLOTS, embedding: Q = Q.F32,
+                     output: Q | None = None) -> dict[str, np.ndarray]:
     """A tiny SentencePiece Llama whose linears in `slots` (by default v/o/gate/up/down) use `types` in turn,
-    the others float32; returns the stored form of each typed tensor, keyed by its Hugging Face name."""
+    the others float32, with token_embd of type `embedding` and an output.weight of type `output` (none: the
+    head is tied); returns the stored form of each typed tensor, keyed by its Hugging Face name."""
     rng = np.random.default_rng(0)
     writer = gguf.GGUFWriter(str(path), architecture)
     writer.add_context_length(64)
@@ -84,7 +86,10 @@ def write_typed_gguf(path: Path, types: list[Q], architecture: str = "llama",
         writer.add_tensor(gguf_name, data, raw_dtype=None if qtype == Q.F32 else qtype)
         stored[hf_name] = (data, qtype)
 
-    add("token_embd.weight", "model.embed_tokens.weight", rng.standard_normal((len(VOCAB), HIDDEN), np.float32), Q.F32)
+    add("token_embd.weight", "model.embed_tokens.weight", rng.standard_normal((len(VOCAB), HIDDEN), np.float32),
+        embedding)
+    if output is not None:
+        add("output.weight", "lm_head.weight", rng.standard_normal((len(VOCAB), HIDDEN), np.float32) * 0.1, output)
     add("output_norm.weight", "model.norm.weight", np.ones(HIDDEN, np.float32), Q.F32)
     typed = {(layer, name): (types[i % len(types)], hf) for i, (layer, name, hf) in enumerate(slots)}
     for layer in range(LAYERS):

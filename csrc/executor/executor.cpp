@@ -146,6 +146,12 @@ OpFn embedding_op(int out, const void* table, int64_t dim, float scale, DType dt
   };
 }
 
+OpFn packed_embedding_op(int out, const PackedTable& table, float scale, DType dt) {
+  return [=](Executor& e, const Step& s) {
+    shrike::packed_embedding(e.inputs.token_ids, s.num_tokens, table, e.buffer(out), scale, dt);
+  };
+}
+
 OpFn rmsnorm_op(RowsArg x, const void* weight, int out, int64_t dim, float eps, DType dt, const Linear* quantize_for) {
   const OptionalLinear consumer(quantize_for);
   const size_t row_bytes = dim * element_bytes(dt);

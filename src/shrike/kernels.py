@@ -295,6 +295,16 @@ class WeightOnlyWeight:
         return f"WeightOnlyWeight(bits={self.bits}, N={self.n}, K={self.k}, group_size={self.group_size})"
 
 
+def packed_table_args(weight) -> tuple:
+    """(packed, format, n, k, group, bits, has_min) of a W4A8Weight or GroupedWeight used as an embedding
+    table (csrc/fused/fused.h PackedTable)."""
+    if isinstance(weight, W4A8Weight):
+        return weight.packed, "w4a8", weight.n, weight.k, weight.group_size, 4, False
+    if isinstance(weight, GroupedWeight):
+        return weight.packed, "grouped", weight.n, weight.k, weight.group_size, weight.bits, weight.has_min
+    raise TypeError(f"an embedding table is a tensor, a W4A8Weight or a GroupedWeight, not {type(weight).__name__}")
+
+
 class GroupedWeight:
     """Weights [N, K] kept as a GGUF file's quant blocks (shrike.convert.gguf_blocks): int8 values (or 4-bit
     ones in 0..15) with a float32 scale and optionally a float32 min per ``group_size`` (16 or 32) consecutive

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from shrike import _C
-from shrike.kernels import DenseTileWeight
+from shrike.kernels import DenseTileWeight, packed_table_args
 from shrike import kv_int8
 from shrike.registry import Registry
 
@@ -34,11 +34,36 @@ OP_NAMES = ("embedding", "rmsnorm", "add_rmsnorm", "head_rmsnorm", "w4a8_linear"
 
 # References ---------------------------------------------------------------------------------
 
-def embedding_reference(token_ids: torch.Tensor, table: torch.Tensor, out: torch.Tensor, scale: float) -> None:
-    """out (T, hidden) = table[token_ids] (* scale, rounded to the table's dtype, when scale != 1)."""
+def embedding_reference(token_ids: torch.Tensor, table, out: torch.Tensor, scale: float) -> None:
+    """out (T, hidden) = table[token_ids] (* scale, rounded to the table's dtype, when scale != 1). A packed
+    table (kernels.W4A8Weight or GroupedWeight, a GGUF file's blocks) gives its rows as the bf16 conversion of
+    the blocks holds them: each dequantized in float32 from the unpacked values, rounded to bf16."""
+    if not isinstance(table, torch.Tensor):
+        out.copy_(_packed_rows(table, token_ids).to(torch.bfloat16).to(out.dtype))
+        if scale != 1.0:
+            out.mul_(scale)
+        return
     torch.index_select(table, 0, token_ids, out=out)
     if scale != 1.0:
         out.mul_(scale)
+
+
+def _packed_rows(table, token_ids: torch.Tensor) -> torch.Tensor:
+    """(T, K) float32 rows of a packed table: W4A8 (value * scale) or grouped (value * scale - min)."""
+    from shrike.kernels import W4A8Weight
+    values, scale, min = (*table.unpack(), None) if isinstance(table, W4A8Weight) else table.unpack()
+    group = table.group_size
+    rows = values[token_ids].reshape(len(token_ids), -1, group).float() * scale[token_ids][..., None]
+    if min is not None:
+        rows = rows - min[token_ids][..., None]
+    return rows.reshape(len(token_ids), -1)
+
+
+def embedding_kernel(token_ids: torch.Tensor, table, out: torch.Tensor, scale: float) -> None:
+    if isinstance(table, torch.Tensor):
+        _C.embedding(token_ids, table, out, scale)
+    else:
+        _C.packed_embedding(token_ids, *packed_table_args(table), out, scale)
 
 
 def rmsnorm_reference(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, eps: float) -> None:
@@ -414,7 +439,7 @@ def weight_for_op(weight: torch.Tensor, op) -> torch.Tensor | DenseTileWeight:
 def register_builtin_ops(registry: Registry) -> None:
     builtin = f"builtin:{_C.active_isa()}"
     kernels = {
-        "embedding": _C.embedding,
+        "embedding": embedding_kernel,
         "rmsnorm": _C.rmsnorm,
         "add_rmsnorm": _C.add_rmsnorm,
         "head_rmsnorm": _C.head_rmsnorm,

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from shrike import _C
+from shrike.kernels import packed_table_args
 from shrike.executor.tape import LOGITS, TOKENS, Buffer, StepInput, Tape, TapeEntry
 from shrike.weight_formats import LINEAR_OPS, tape_linear
 
@@ -124,7 +125,10 @@ class CompiledTape:
         exe, a, op = self.exe, entry.args, entry.op
         if op == "embedding":
             token_ids, table, out, scale = a
-            exe.embedding(out.id, table, scale)
+            if isinstance(table, torch.Tensor):
+                exe.embedding(out.id, table, scale)
+            else:  # a GGUF file's blocks (kernels.W4A8Weight or GroupedWeight)
+                exe.packed_embedding(out.id, *packed_table_args(table), scale, _DTYPE_NAMES[out.dtype])
         elif op == "rmsnorm":
             x, weight, out, eps = a
             exe.rmsnorm(x.id, x.rows, weight, out.id, eps, quantize_for)

@@ -6,7 +6,10 @@ from the bf16 conversion. Layers all in Q4_0 become W4A8 with groups of 32 (the 
 [-8, 7] with one scale per 32); every other mix becomes a grouped weight (kernels.GroupedWeight), in
 groups of 16 when any part has them (a group of 32 is two of 16 with the same scale and min), 4-bit
 when every part is. Layers of other types (F16, BF16, F32, Q2_K, Q3_K, the other i-quants) load from
-the bf16 conversion as before. The embedding and a tied lm_head always come from the conversion.
+the bf16 conversion as before. The lm_head (output.weight, or the tied token_embd.weight) runs from the
+file's blocks when its type has a kernel; the embedding table is then read by rows from the same packed
+blocks (kernels.packed_table_args), dequantized as the bf16 conversion holds them, so a tied table is held
+once and in the file's size.
 Mixture-of-experts files merge each layer's experts into one tensor per projection (ffn_*_exps,
 (experts, rows, row bytes)); each expert's linear is its slice of that tensor.
 """
@@ -64,6 +67,7 @@ class GGUFLinearFactory:
         self.converted: dict[str, str] = {}  # the same for tensors loaded from the bf16 conversion
         self.description = "Repacking"
         self.head = "not the lm_head"  # whether lm_head() gave the head
+        self.embedding = "the embedding table from the bf16 conversion"
 
     def __call__(self, tensors: CheckpointTensors, prefixes: list[str], in_features: int, out_features: list[int],
                  bias: bool):
@@ -96,6 +100,19 @@ class GGUFLinearFactory:
         self.head = "the lm_head"
         return LMHead(weight, vocab_size, f"{format}_linear")
 
+    def embedding_table(self, vocab_size: int, head: LMHead | None):
+        """token_embd.weight as packed blocks for the embedding op: the native head's weight when the file ties
+        them, else the tensor's own blocks; None when its type has no kernel (the table stays the conversion's)."""
+        tensor = self.tensors["token_embd.weight"]
+        if tensor.tensor_type not in TYPES or int(tensor.shape[0]) % 32:
+            return None
+        if head is not None and "output.weight" not in self.tensors:
+            table = head.weight
+        else:
+            table, _ = _weight([self._blocks(tensor, vocab_size)])
+        self.embedding = f"the embedding table from its {tensor.tensor_type.name} blocks"
+        return table
+
     def _blocks(self, tensor, rows: int, expert: int | None = None) -> GroupedBlocks:
         k = int(tensor.shape[0])  # GGUF lists the input dimension first
         data = tensor.data if expert is None else tensor.data[expert]  # merged experts: (experts, rows, row bytes)
@@ -114,7 +131,7 @@ class GGUFLinearFactory:
                f"{self.head} among them"
         if self.converted:
             line += f"; {len(self.converted)} converted to bf16 ({listed(self.converted)})"
-        return line + "; the embedding table from the bf16 conversion"
+        return f"{line}; {self.embedding}"
 
 
 def _weight(blocks: list[GroupedBlocks]) -> tuple[object, str]:

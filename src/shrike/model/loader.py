@@ -103,6 +103,9 @@ def load_model(model: str | None, dtype: str = "auto", max_model_len: int | None
             isinstance(getattr(net, "lm_head", None), LMHead) else None
         if head is not None:
             net.lm_head = head  # the bf16 head and its tiles are freed
+        table = make_linear.embedding_table(config.vocab_size, head) if hasattr(net, "embed_tokens") else None
+        if table is not None:
+            net.embed_tokens = table  # the bf16 table is freed unless a bf16 head still shares it
         print(f"shrike: {gguf_file.name}: {make_linear.summary()}", file=sys.stderr)
     if lm_head_quant == "int8":
         if not isinstance(getattr(net, "lm_head", None), LMHead):
