@@ -4,14 +4,14 @@ read probe before and after; then each Shrike mode's resident memory beside the 
 process.
 
     python benchmarks/bench_gguf_native.py MODEL.gguf [--llama-bench PATH] [--reps 5] [--threads 2]
-        [--peer "ik_llama.cpp=IK_BUILD/bin/llama-bench -rtr 1"] [--modes native,bf16]
+        [--peer "ik_llama.cpp=IK_BUILD/bin/llama-bench -rtr 1"] [--modes native,native:bfloat16,bf16]
 
 Prefill: a 512-token prompt's time to first token; decode: 32 further greedy tokens at batch 1 (Shrike), and
 `llama-bench` decoding with the same 512 tokens cached (bench_engine_vs_llamacpp.py's measurements). Medians
 of --reps rounds, each round running every engine once. Decode GB/s: the file's bytes a token reads (every
 matrix but an untied embedding; bench_serving.gguf_bytes_per_token) times tokens/s, the same bytes for every
 engine, and its share of the best probe reading of the run. Resident memory: VmRSS after loading and one
-short request, with a 64 MiB KV cache.
+short request, with a 128 MiB KV cache.
 """
 from __future__ import annotations
 
@@ -35,10 +35,12 @@ def _sibling(name: str):
 
 
 def make_engine(gguf: str, mode: str, threads: int):
+    """mode: a --gguf-weights mode, optionally with a --dtype after a colon (native:float32)."""
     from shrike.engine.llm_engine import EngineConfig, LLMEngine
-    return LLMEngine(EngineConfig(model=gguf, gguf_weights=mode, max_model_len=1024, max_num_seqs=1,
-                                  max_num_batched_tokens=512, kv_cache_space=0.0625, enable_prefix_caching=False,
-                                  cpu_threads=threads, progress=False))
+    weights, _, dtype = mode.partition(":")
+    return LLMEngine(EngineConfig(model=gguf, gguf_weights=weights, dtype=dtype or "auto", max_model_len=1024,
+                                  max_num_seqs=1, max_num_batched_tokens=512, kv_cache_space=0.125,
+                                  enable_prefix_caching=False, cpu_threads=threads, progress=False))
 
 
 def resident_mib(gguf: str, mode: str, threads: int) -> float:
@@ -62,13 +64,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peer", action="append", default=[], metavar="NAME=COMMAND",
                         help="another llama-bench timed in the same rounds, with its flags, e.g. "
                              "'ik_llama.cpp=/path/llama-bench -rtr 1' (repeatable)")
-    parser.add_argument("--modes", default=",".join(MODES), help="Shrike's --gguf-weights modes to run")
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help="Shrike's --gguf-weights modes to run, each optionally with a --dtype (native:bfloat16)")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
-    if not modes or set(modes) - set(MODES):
-        parser.error(f"--modes: a comma-separated subset of {','.join(MODES)}")
+    if not modes or {m.partition(":")[0] for m in modes} - set(MODES):
+        parser.error(f"--modes: a comma-separated subset of {','.join(MODES)}, each optionally with :DTYPE")
     peers = {"llama.cpp": [args.llama_bench]}
     for peer in args.peer:
         name, _, command = peer.partition("=")
@@ -103,17 +106,17 @@ def main(argv: list[str] | None = None) -> int:
         medians[name] = statistics.median(s[0] for s in samples), statistics.median(s[1] for s in samples)
         rate = medians[name][1] * token_bytes / 1e9
         print(f"{name:<16}{medians[name][0]:>19.1f}{medians[name][1]:>17.2f}{rate:>13.1f}{rate / bw:>10.0%}")
-    if "shrike-native" in medians:
-        for name in [n for n in medians if n != "shrike-native"]:
-            print(f"shrike-native / {name}: prefill {medians['shrike-native'][0] / medians[name][0]:.2f}x, "
-                  f"decode {medians['shrike-native'][1] / medians[name][1]:.2f}x")
+    first = f"shrike-{modes[0]}"  # the ratios are the first mode's
+    for name in [n for n in medians if n != first]:
+        print(f"{first} / {name}: prefill {medians[first][0] / medians[name][0]:.2f}x, "
+              f"decode {medians[first][1] / medians[name][1]:.2f}x")
     for name, samples in runs.items():
         print(f"  {name} runs (prefill, decode): " + ", ".join(f"({p:.1f}, {d:.2f})" for p, d in samples))
     file_mib = Path(args.gguf).stat().st_size / 2**20
     for mode in modes:
         rss = resident_mib(args.gguf, mode, args.threads)
         print(f"resident memory, shrike-{mode}: {rss:.0f} MiB (file {file_mib:.0f} MiB, {rss / file_mib:.2f}x; "
-              "process total incl. torch and a 64 MiB KV cache)")
+              "process total incl. torch and a 128 MiB KV cache)")
     return 0
 
 

@@ -235,3 +235,16 @@ def test_the_embedding_table_runs_from_the_files_blocks_and_answers_like_the_con
     model, tensor_runs = run()
     assert isinstance(model.embed_tokens, torch.Tensor)
     assert packed_runs == tensor_runs
+
+
+@pytest.mark.parametrize("embedding,dtype", [(Q.Q8_0, torch.float32), (Q.F32, torch.bfloat16)],
+                         ids=["all-native", "f32-table"])
+def test_dtype_auto_computes_in_float32_when_every_matrix_runs_from_its_blocks(embedding, dtype, tmp_path, capfd):
+    # float32 as llama.cpp computes (its perplexity, not a bf16 stream's); a matrix loaded from the conversion
+    # keeps bf16, which would otherwise double that matrix's memory
+    path = tmp_path / "typed.gguf"
+    write_typed_gguf(path, [Q.Q4_K, Q.Q8_0], slots=ALL_SLOTS, embedding=embedding)
+    llm = LLM(str(path), progress=False, max_model_len=64)
+    assert llm.llm_engine.dtype == dtype and llm.llm_engine.kv_dtype == dtype
+    assert f"computing in {str(dtype).removeprefix('torch.')}" in capfd.readouterr().err
+    assert LLM(str(path), dtype="bfloat16", progress=False, max_model_len=64).llm_engine.dtype == torch.bfloat16

@@ -147,7 +147,8 @@ class EngineConfig:
     model: str | None = _setting(
         None, "model directory (Hugging Face layout) or .gguf file; default: SmolLM2-135M-Instruct", _model)
     dtype: str = _setting(
-        "auto", "weight and activation dtype (default: the checkpoint's)", None,
+        "auto", "weight and activation dtype (default: the checkpoint's; float32 for a GGUF file run natively, "
+        "as llama.cpp computes, when every matrix of the file has a kernel)", None,
         choices=("auto", "float32", "bfloat16"))
     max_model_len: int | None = _setting(
         None, "maximum tokens per sequence, prompt plus output (default: the model's)", _whole_number(2))

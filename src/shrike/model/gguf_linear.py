@@ -41,6 +41,15 @@ _EXPERT_PART = {"gate_proj": "ffn_gate_exps", "w1": "ffn_gate_exps", "up_proj": 
 GGUF_WEIGHTS = ("native", "bf16")  # --gguf-weights
 
 
+def native_activation_dtype(gguf_path: Path) -> torch.dtype:
+    """--dtype auto for a file run natively: float32, as llama.cpp computes, when every matrix of the file is of a
+    type with a kernel (only norms and activations then take the dtype, and a bf16 residual stream and KV cache
+    move perplexity by about 1% from llama.cpp's); bfloat16 when some matrix loads from the conversion, which
+    would double its memory in float32."""
+    matrices = [t for t in open_gguf(gguf_path).tensors if len(t.shape) >= 2]
+    return torch.float32 if all(t.tensor_type in TYPES for t in matrices) else torch.bfloat16
+
+
 def gguf_tensor_name(prefix: str) -> tuple[str, int | None] | None:
     """The GGUF name of a Hugging Face linear and, for an expert's, its index in the merged tensor
     (model.layers.3.mlp.down_proj -> blk.3.ffn_down.weight; model.layers.3.mlp.experts.7.up_proj ->
@@ -131,7 +140,7 @@ class GGUFLinearFactory:
                f"{self.head} among them"
         if self.converted:
             line += f"; {len(self.converted)} converted to bf16 ({listed(self.converted)})"
-        return f"{line}; {self.embedding}"
+        return f"{line}; {self.embedding}; computing in {str(self.dtype).removeprefix('torch.')}"
 
 
 def _weight(blocks: list[GroupedBlocks]) -> tuple[object, str]:

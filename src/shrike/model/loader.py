@@ -13,7 +13,7 @@ from shrike.errors import ConfigError
 from shrike.layers.kv_dtypes import kv_cache_bytes
 from shrike.layers.lm_head import LM_HEAD_QUANT, LMHead, int8_lm_head
 from shrike.model.config import ModelConfig
-from shrike.model.gguf_linear import GGUF_WEIGHTS, GGUFLinearFactory
+from shrike.model.gguf_linear import GGUF_WEIGHTS, GGUFLinearFactory, native_activation_dtype
 from shrike.model.llama import CausalLM
 from shrike.model.weights import CheckpointTensors
 from shrike.platform.memory import KVCachePlan, kv_bytes_per_token, plan_kv_cache, read_memory
@@ -72,7 +72,8 @@ def load_model(model: str | None, dtype: str = "auto", max_model_len: int | None
     config = ModelConfig.from_dir(model_dir)
     registry = build_registry()
     architecture = registry.architecture(config.architecture).target
-    torch_dtype = resolve_dtype(dtype, config)
+    gguf_file = gguf_source(model) if gguf_weights == "native" else None
+    torch_dtype = native_activation_dtype(gguf_file) if gguf_file and dtype == "auto" else resolve_dtype(dtype, config)
     select_backend(kernel_backend)  # an unknown name fails before anything loads
     ops = registry.op_table(kernel_backend)
     make_linear = None  # dense layers
@@ -81,7 +82,6 @@ def load_model(model: str | None, dtype: str = "auto", max_model_len: int | None
         scheme = registry.quantization(method)
         extra = {"ops": ops, "activation_quant": activation_quant} if scheme.provider == "shrike" else {}
         make_linear = scheme.target(config, model_dir, torch_dtype, kernel_backend, **extra)
-    gguf_file = gguf_source(model) if gguf_weights == "native" else None
     if gguf_file is not None:
         make_linear = GGUFLinearFactory(gguf_file, config, torch_dtype, ops)
     limit = config.max_position_embeddings
