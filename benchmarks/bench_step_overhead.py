@@ -1,7 +1,7 @@
 """Python time per engine step: LLMEngine.step and ModelRunner.step minus the time inside the
 executor's C++ calls, batch-1 decode (default: 200 steps after 20 warm-up steps).
 
-    python benchmarks/bench_step_overhead.py MODEL_DIR [--steps 200] [--batch 1] [--eager] [--ops]
+    python benchmarks/bench_step_overhead.py MODEL_DIR [--steps 200] [--batch 1] [--eager] [--ops] [--dtype D]
 
 Prints medians in ms: the C++ forward, the runner's Python around it (of which the sampler), and
 the rest of the engine step (scheduling, postprocessing, detokenizing). `--ops` then runs as many
@@ -55,9 +55,12 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--eager", action="store_true", help="time the eager Python forward instead")
     p.add_argument("--ops", action="store_true", help="then profile the compiled forward op by op")
+    p.add_argument("--dtype", default="auto", help="--dtype of the engine (default auto)")
+    p.add_argument("--depth", type=int, default=4, help="prompt tokens already in the cache when decode starts")
     args = p.parse_args()
-    engine = LLMEngine(EngineConfig(model=args.model, max_model_len=1024, kv_cache_space=0.25,
-                                    compiled_forward=not args.eager, progress=False))
+    engine = LLMEngine(EngineConfig(model=args.model, max_model_len=2048, max_num_batched_tokens=2048, kv_cache_space=0.25,
+                                    compiled_forward=not args.eager, dtype=args.dtype,
+                                    progress=False))
     runner = engine.runner
     print(f"op executor: {runner.compiled.describe() if runner.compiled else 'no (' + runner.eager_reason + ')'}")
     forward_name = "_run_compiled" if runner.compiled else "_run_eager"
@@ -70,7 +73,7 @@ def main() -> None:
     total = args.warmup + args.steps
     params = SamplingParams(max_tokens=total + 1, temperature=0, ignore_eos=True)
     for i in range(args.batch):
-        engine.add_request(f"r{i}", [1, 2, 3, 4 + i], params)
+        engine.add_request(f"r{i}", prompt(args.depth, i), params)
     engine.step()  # prefill
     engine_step = _Timed(engine.step)
     for _ in range(total):
@@ -88,13 +91,17 @@ def main() -> None:
           f"{ms(minus(engine_step.cpu, inner.cpu)):.3f}")
     print(f"  engine.step               {ms(engine_step.times):>10.3f} / {ms(engine_step.cpu):.3f}")
     if args.ops and runner.compiled:
-        print_op_profile(engine, runner.compiled.exe, n, args.batch)
+        print_op_profile(engine, runner.compiled.exe, n, args.batch, args.depth)
 
 
-def print_op_profile(engine, timed_exe, steps: int, batch: int) -> None:
+def prompt(depth: int, stream: int) -> list[int]:
+    return [1, 2, 3] + [(4 + stream + 7 * i) % 1000 + 4 for i in range(max(1, depth - 3))]
+
+
+def print_op_profile(engine, timed_exe, steps: int, batch: int, depth: int) -> None:
     params = SamplingParams(max_tokens=steps + 2, temperature=0, ignore_eos=True)
     for i in range(batch):
-        engine.add_request(f"profiled{i}", [1, 2, 3, 4 + i], params)
+        engine.add_request(f"profiled{i}", prompt(depth, i), params)
     engine.step()  # prefill, not profiled
     exe = timed_exe.exe
     exe.set_profiling(True)

@@ -58,7 +58,7 @@ struct AttentionWorkItem {
 constexpr int64_t kAttentionTileKeys = 32;
 // Keys per split-K item (a multiple of the tile), and the most new tokens a sequence may have
 // for its items to be split by keys (decode and short speculative verification).
-constexpr int64_t kSplitKeys = 1024;
+constexpr int64_t kSplitKeys = 256;
 constexpr int64_t kSplitMaxQueryLen = 8;
 
 // Floats of per-thread scratch a work item of `rows` query rows needs (layout in attention_tiles.h).

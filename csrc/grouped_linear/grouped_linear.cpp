@@ -18,47 +18,27 @@ namespace shrike {
 namespace {
 
 using GroupedTiles = void (*)(const GroupedProblem&, int64_t, int64_t);
+using GroupedQuantize = void (*)(const void*, DType, int64_t, int64_t, int64_t, int64_t, const GroupedRows&);
+
+struct GroupedKernels {
+  GroupedTiles tiles;
+  GroupedQuantize quantize;  // the vpdpbusd levels imply AVX2, whose quantizer they share
+};
 
 struct GroupedCall {
   int64_t m;
 };
 
-const Variant<GroupedTiles, GroupedCall> kGrouped[] = {
+const Variant<GroupedKernels, GroupedCall> kGrouped[] = {
 #if defined(SHRIKE_X86)
-    {Isa::avx512vnni, avx512vnni::grouped_tiles},
-    {Isa::avxvnni, avxvnni::grouped_tiles},
-    {Isa::avx2, avx2::grouped_tiles},
+    {Isa::avx512vnni, {avx512vnni::grouped_tiles, avx2::grouped_quantize_rows}},
+    {Isa::avxvnni, {avxvnni::grouped_tiles, avx2::grouped_quantize_rows}},
+    {Isa::avx2, {avx2::grouped_tiles, avx2::grouped_quantize_rows}},
 #elif defined(SHRIKE_AARCH64)
-    {Isa::dotprod, dotprod::grouped_tiles},
+    {Isa::dotprod, {dotprod::grouped_tiles, ref::grouped_quantize_rows}},
 #endif
-    {Isa::scalar, ref::grouped_tiles},
+    {Isa::scalar, {ref::grouped_tiles, ref::grouped_quantize_rows}},
 };
-
-float load(const void* x, DType dt, int64_t i) {
-  return dt == DType::f32 ? static_cast<const float*>(x)[i] : bf16_to_float(static_cast<const bf16*>(x)[i]);
-}
-
-// Rows [r0, r1) of x by the rule of grouped_linear.h.
-void quantize_rows(const void* x, DType dt, int64_t r0, int64_t r1, int64_t k, int64_t group, const GroupedRows& out) {
-  const int64_t blocks = k / kGroupedActivationBlock, groups = k / group;
-  for (int64_t i = r0; i < r1; ++i) {
-    for (int64_t b = 0; b < blocks; ++b) {
-      const int64_t first = i * k + b * kGroupedActivationBlock;
-      float amax = 0.f;
-      for (int64_t j = 0; j < kGroupedActivationBlock; ++j) amax = std::max(amax, std::abs(load(x, dt, first + j)));
-      const float scale = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
-      out.x_scale[i * blocks + b] = scale;
-      for (int64_t j = 0; j < kGroupedActivationBlock; ++j)
-        out.q[first + j] = static_cast<int8_t>(std::clamp(std::nearbyint(load(x, dt, first + j) * inv), -127.f, 127.f));
-    }
-    for (int64_t g = 0; g < groups; ++g) {
-      int32_t sum = 0;
-      for (int64_t j = 0; j < group; ++j) sum += out.q[i * k + g * group + j];
-      out.group_sum[i * groups + g] = sum;
-      out.x_min[i * groups + g] = -static_cast<float>(sum) * out.x_scale[i * blocks + g * group / kGroupedActivationBlock];
-    }
-  }
-}
 
 constexpr int64_t kSerialWork = 1 << 18;  // multiply-adds below which threads cost more than they save
 constexpr int64_t kQuantRows = 16;
@@ -90,9 +70,10 @@ const char* grouped_variant(int64_t m) { return isa_name(pick_variant(kGrouped, 
 OpVariants grouped_variants() { return describe_variants("grouped_linear", kGrouped); }
 
 void grouped_quantize(const void* x, DType x_dtype, int64_t m, int64_t k, int64_t group, const GroupedRows& rows) {
-  if (m * k < kSerialWork) return quantize_rows(x, x_dtype, 0, m, k, group, rows);
+  const GroupedQuantize quantize = pick_variant(kGrouped, GroupedCall{m}).fn.quantize;
+  if (m * k < kSerialWork) return quantize(x, x_dtype, 0, m, k, group, rows);
   runtime::parallel_for((m + kQuantRows - 1) / kQuantRows, [&](int64_t t) {
-    quantize_rows(x, x_dtype, t * kQuantRows, std::min(m, (t + 1) * kQuantRows), k, group, rows);
+    quantize(x, x_dtype, t * kQuantRows, std::min(m, (t + 1) * kQuantRows), k, group, rows);
   });
 }
 
@@ -108,7 +89,7 @@ void grouped_linear(const void* x, DType x_dtype, int64_t m, const GroupedWeight
   ws.x_min.resize(m * groups);
   grouped_quantize(x, x_dtype, m, k, w.group, {ws.q.data(), ws.x_scale.data(), ws.group_sum.data(), ws.x_min.data()});
   GroupedProblem p{ws.q.data(), ws.x_scale.data(), ws.group_sum.data(), ws.x_min.data(), w, bias, out, out_dtype, m};
-  GroupedTiles kernel = pick_variant(kGrouped, GroupedCall{m}).fn;
+  GroupedTiles kernel = pick_variant(kGrouped, GroupedCall{m}).fn.tiles;
   const int64_t tiles = tile_count(w.n);
   if (m * w.n * k < kSerialWork) return kernel(p, 0, tiles);
   const int64_t per_task = tiles_per_task(tiles, m);

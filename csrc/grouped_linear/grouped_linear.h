@@ -59,11 +59,16 @@ struct GroupedProblem {
 const char* grouped_variant(int64_t m);
 
 #define SHRIKE_DECLARE_GROUPED_TILES void grouped_tiles(const GroupedProblem& p, int64_t tile_begin, int64_t tile_end);
-namespace ref { SHRIKE_DECLARE_GROUPED_TILES }
-namespace avx2 { SHRIKE_DECLARE_GROUPED_TILES }
+// Rows [r0, r1) of x quantized by the rule above; every variant gives the same bytes and floats.
+#define SHRIKE_DECLARE_GROUPED_QUANTIZE \
+  void grouped_quantize_rows(const void* x, DType x_dtype, int64_t r0, int64_t r1, int64_t k, int64_t group, \
+                             const GroupedRows& rows);
+namespace ref { SHRIKE_DECLARE_GROUPED_TILES SHRIKE_DECLARE_GROUPED_QUANTIZE }
+namespace avx2 { SHRIKE_DECLARE_GROUPED_TILES SHRIKE_DECLARE_GROUPED_QUANTIZE }
 namespace avxvnni { SHRIKE_DECLARE_GROUPED_TILES }
 namespace avx512vnni { SHRIKE_DECLARE_GROUPED_TILES }
 namespace dotprod { SHRIKE_DECLARE_GROUPED_TILES }
 #undef SHRIKE_DECLARE_GROUPED_TILES
+#undef SHRIKE_DECLARE_GROUPED_QUANTIZE
 
 }  // namespace shrike

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 
+#include "common/bf16_avx2.h"
 #include "grouped_linear/grouped_layout.h"
 #include "linear/epilogue_avx2.h"
 
@@ -88,7 +89,63 @@ void walk(const GroupedProblem& p, int64_t tile_begin, int64_t tile_end) {
   }
 }
 
+inline float max_lane(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps(m, m, 1)));
+}
+
+// The reference's steps lane by lane: max|x| is exact in any order, x * inv is one rounding, and
+// round_ps to nearest is nearbyint in the default rounding mode.
+template <class T>
+void quantize_rows(const T* x, int64_t r0, int64_t r1, int64_t k, int64_t group, const GroupedRows& out) {
+  const int64_t blocks = k / kGroupedActivationBlock, groups = k / group;
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256 hi = _mm256_set1_ps(127.f), lo = _mm256_set1_ps(-127.f);
+  for (int64_t i = r0; i < r1; ++i) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t first = i * k + b * kGroupedActivationBlock;
+      __m256 v[4];
+      for (int u = 0; u < 4; ++u) v[u] = load8(x + first + 8 * u);
+      __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], abs_mask), _mm256_and_ps(v[1], abs_mask)),
+                               _mm256_max_ps(_mm256_and_ps(v[2], abs_mask), _mm256_and_ps(v[3], abs_mask)));
+      const float amax = max_lane(m);
+      const float scale = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
+      out.x_scale[i * blocks + b] = scale;
+      __m256i q[4];
+      for (int u = 0; u < 4; ++u) {
+        __m256 r = _mm256_round_ps(_mm256_mul_ps(v[u], _mm256_set1_ps(inv)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        q[u] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(r, lo), hi));
+      }
+      // int32 -> int8 in order: packs interleave 128-bit lanes, the permute puts them back.
+      __m256i words = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[0], q[1]), 0xd8);
+      __m256i words2 = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[2], q[3]), 0xd8);
+      __m256i bytes = _mm256_permute4x64_epi64(_mm256_packs_epi16(words, words2), 0xd8);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.q + first), bytes);
+    }
+    for (int64_t g = 0; g < groups; ++g) {
+      const int8_t* q = out.q + i * k + g * group;
+      __m256i sum = _mm256_setzero_si256();
+      for (int64_t j = 0; j < group; j += 16)
+        sum = _mm256_add_epi16(sum, _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + j))));
+      __m256i s32 = _mm256_madd_epi16(sum, _mm256_set1_epi16(1));
+      __m128i s = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
+      s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+      s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+      const int32_t total = _mm_cvtsi128_si32(s);
+      out.group_sum[i * groups + g] = total;
+      out.x_min[i * groups + g] = -static_cast<float>(total) * out.x_scale[i * blocks + g * group / kGroupedActivationBlock];
+    }
+  }
+}
+
 }  // namespace
+
+void grouped_quantize_rows(const void* x, DType x_dtype, int64_t r0, int64_t r1, int64_t k, int64_t group,
+                           const GroupedRows& rows) {
+  if (x_dtype == DType::f32) return quantize_rows(static_cast<const float*>(x), r0, r1, k, group, rows);
+  quantize_rows(static_cast<const bf16*>(x), r0, r1, k, group, rows);
+}
 
 void grouped_tiles(const GroupedProblem& p, int64_t tile_begin, int64_t tile_end) {
   if (p.w.bits == 8) {

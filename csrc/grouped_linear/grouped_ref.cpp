@@ -1,6 +1,8 @@
 // Portable scalar reference: defines the semantics every SIMD variant must reproduce exactly.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "common/bf16.h"
@@ -26,7 +28,39 @@ void decode_group(const uint8_t* block, int64_t group, int bits, int32_t* w) {
       }
     }
 }
+template <class T>
+float as_float(T v) {
+  if constexpr (std::is_same_v<T, float>) return v; else return bf16_to_float(v);
+}
+
+template <class T>
+void quantize_rows(const T* x, int64_t r0, int64_t r1, int64_t k, int64_t group, const GroupedRows& out) {
+  const int64_t blocks = k / kGroupedActivationBlock, groups = k / group;
+  for (int64_t i = r0; i < r1; ++i) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t first = i * k + b * kGroupedActivationBlock;
+      float amax = 0.f;
+      for (int64_t j = 0; j < kGroupedActivationBlock; ++j) amax = std::max(amax, std::abs(as_float(x[first + j])));
+      const float scale = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
+      out.x_scale[i * blocks + b] = scale;
+      for (int64_t j = 0; j < kGroupedActivationBlock; ++j)
+        out.q[first + j] = static_cast<int8_t>(std::clamp(std::nearbyint(as_float(x[first + j]) * inv), -127.f, 127.f));
+    }
+    for (int64_t g = 0; g < groups; ++g) {
+      int32_t sum = 0;
+      for (int64_t j = 0; j < group; ++j) sum += out.q[i * k + g * group + j];
+      out.group_sum[i * groups + g] = sum;
+      out.x_min[i * groups + g] = -static_cast<float>(sum) * out.x_scale[i * blocks + g * group / kGroupedActivationBlock];
+    }
+  }
+}
 }  // namespace
+
+void grouped_quantize_rows(const void* x, DType x_dtype, int64_t r0, int64_t r1, int64_t k, int64_t group,
+                           const GroupedRows& rows) {
+  if (x_dtype == DType::f32) return quantize_rows(static_cast<const float*>(x), r0, r1, k, group, rows);
+  quantize_rows(static_cast<const bf16*>(x), r0, r1, k, group, rows);
+}
 
 void grouped_tiles(const GroupedProblem& p, int64_t tile_begin, int64_t tile_end) {
   const GroupedWeight& wt = p.w;
