@@ -26,6 +26,13 @@ float kv_int8_scale(const Int8* row, int64_t head_dim) {
   return scale;
 }
 
+// nearbyint in the default rounding mode (half to even) for |v| < 2^22, without the libm call x86-64's
+// baseline makes for it (no rounding instruction before SSE4.1; glibc saves and restores the FP environment).
+inline float round_half_even_small(float v) {
+  const float magic = 12582912.f;  // 1.5 * 2^23: adding it leaves no fraction bits
+  return (v + magic) - magic;
+}
+
 // Quantizes x (head_dim floats) into row; must match shrike.kv_int8.quantize bit for bit.
 template <class Int8 = int8_t>
 void kv_int8_quantize(const float* x, int64_t head_dim, Int8* row) {
@@ -33,7 +40,7 @@ void kv_int8_quantize(const float* x, int64_t head_dim, Int8* row) {
   for (int64_t i = 0; i < head_dim; ++i) amax = std::fmax(amax, std::fabs(x[i]));
   const float scale = amax / 127.f;
   for (int64_t i = 0; i < head_dim; ++i) {
-    float q = scale > 0.f ? std::nearbyint(x[i] / scale) : 0.f;  // default rounding: half to even, as torch.round
+    float q = scale > 0.f ? round_half_even_small(x[i] / scale) : 0.f;  // default rounding: half to even, as torch.round
     q = std::fmin(127.f, std::fmax(-127.f, q));
     row[i] = static_cast<Int8>(q);
   }
