@@ -57,7 +57,8 @@ struct AttentionWorkItem {
 // Keys handled per online-softmax step; a tile never crosses a cache block.
 constexpr int64_t kAttentionTileKeys = 32;
 // Keys per split-K item (a multiple of the tile), and the most new tokens a sequence may have
-// for its items to be split by keys (decode and short speculative verification).
+// for its items to be split by keys (decode and short speculative verification). 256 rather than more: a model
+// with few KV heads (SmolLM2: 3) then has enough items at a few hundred tokens to keep every thread busy.
 constexpr int64_t kSplitKeys = 256;
 constexpr int64_t kSplitMaxQueryLen = 8;
 
