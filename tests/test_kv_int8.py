@@ -28,7 +28,7 @@ from test_attention import make_batch, sdpa_float64
 ATOL_VS_ORIGINAL = 0.06
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 # (query_lens, context_lens): decode, chunked prefill over a prefix, and long decode that is split by keys
-# (contexts above 1024 keys, with up to 8 new tokens).
+# (contexts above 256 keys, with up to 8 new tokens).
 SCENARIOS = {
     "decode": ([1, 1, 1, 1], [1, 17, 100, 1000]),
     "chunked_prefill": ([45, 20, 1], [300, 20, 33]),
