@@ -1,7 +1,7 @@
 """Python time per engine step: LLMEngine.step and ModelRunner.step minus the time inside the
 executor's C++ calls, batch-1 decode (default: 200 steps after 20 warm-up steps).
 
-    python benchmarks/bench_step_overhead.py MODEL_DIR [--steps 200] [--batch 1] [--eager] [--ops] [--dtype D]
+    python benchmarks/bench_step_overhead.py MODEL_DIR [--steps 200] [--batch 1] [--eager] [--ops] [--dtype D] [--depth N]
 
 Prints medians in ms: the C++ forward, the runner's Python around it (of which the sampler), and
 the rest of the engine step (scheduling, postprocessing, detokenizing). `--ops` then runs as many
@@ -58,6 +58,8 @@ def main() -> None:
     p.add_argument("--dtype", default="auto", help="--dtype of the engine (default auto)")
     p.add_argument("--depth", type=int, default=4, help="prompt tokens already in the cache when decode starts")
     args = p.parse_args()
+    if args.depth + args.warmup + args.steps + 2 > 2048:
+        p.error("--depth plus --warmup plus --steps must fit the 2048-token context")
     engine = LLMEngine(EngineConfig(model=args.model, max_model_len=2048, max_num_batched_tokens=2048, kv_cache_space=0.25,
                                     compiled_forward=not args.eager, dtype=args.dtype,
                                     progress=False))

@@ -69,12 +69,18 @@ const char* grouped_variant(int64_t m) { return isa_name(pick_variant(kGrouped, 
 
 OpVariants grouped_variants() { return describe_variants("grouped_linear", kGrouped); }
 
-void grouped_quantize(const void* x, DType x_dtype, int64_t m, int64_t k, int64_t group, const GroupedRows& rows) {
-  const GroupedQuantize quantize = pick_variant(kGrouped, GroupedCall{m}).fn.quantize;
+namespace {
+void quantize_with(GroupedQuantize quantize, const void* x, DType x_dtype, int64_t m, int64_t k, int64_t group,
+                   const GroupedRows& rows) {
   if (m * k < kSerialWork) return quantize(x, x_dtype, 0, m, k, group, rows);
   runtime::parallel_for((m + kQuantRows - 1) / kQuantRows, [&](int64_t t) {
     quantize(x, x_dtype, t * kQuantRows, std::min(m, (t + 1) * kQuantRows), k, group, rows);
   });
+}
+}  // namespace
+
+void grouped_quantize(const void* x, DType x_dtype, int64_t m, int64_t k, int64_t group, const GroupedRows& rows) {
+  quantize_with(pick_variant(kGrouped, GroupedCall{m}).fn.quantize, x, x_dtype, m, k, group, rows);
 }
 
 void grouped_linear(const void* x, DType x_dtype, int64_t m, const GroupedWeight& w, const float* bias, void* out,
@@ -87,9 +93,11 @@ void grouped_linear(const void* x, DType x_dtype, int64_t m, const GroupedWeight
   ws.x_scale.resize(m * (k / kGroupedActivationBlock));
   ws.group_sum.resize(m * groups);
   ws.x_min.resize(m * groups);
-  grouped_quantize(x, x_dtype, m, k, w.group, {ws.q.data(), ws.x_scale.data(), ws.group_sum.data(), ws.x_min.data()});
+  const GroupedKernels& kernels = pick_variant(kGrouped, GroupedCall{m}).fn;
+  quantize_with(kernels.quantize, x, x_dtype, m, k, w.group,
+                {ws.q.data(), ws.x_scale.data(), ws.group_sum.data(), ws.x_min.data()});
   GroupedProblem p{ws.q.data(), ws.x_scale.data(), ws.group_sum.data(), ws.x_min.data(), w, bias, out, out_dtype, m};
-  GroupedTiles kernel = pick_variant(kGrouped, GroupedCall{m}).fn.tiles;
+  const GroupedTiles kernel = kernels.tiles;
   const int64_t tiles = tile_count(w.n);
   if (m * w.n * k < kSerialWork) return kernel(p, 0, tiles);
   const int64_t per_task = tiles_per_task(tiles, m);

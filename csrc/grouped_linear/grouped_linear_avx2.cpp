@@ -10,6 +10,7 @@
 #include <algorithm>
 
 #include "common/bf16_avx2.h"
+#include "common/lanes_avx2.h"
 #include "grouped_linear/grouped_layout.h"
 #include "linear/epilogue_avx2.h"
 
@@ -89,12 +90,6 @@ void walk(const GroupedProblem& p, int64_t tile_begin, int64_t tile_end) {
   }
 }
 
-inline float max_lane(__m256 v) {
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  return _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps(m, m, 1)));
-}
-
 // The reference's steps lane by lane: max|x| is exact in any order, x * inv is one rounding, and
 // round_ps to nearest is nearbyint in the default rounding mode.
 template <class T>
@@ -109,7 +104,7 @@ void quantize_rows(const T* x, int64_t r0, int64_t r1, int64_t k, int64_t group,
       for (int u = 0; u < 4; ++u) v[u] = load8(x + first + 8 * u);
       __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], abs_mask), _mm256_and_ps(v[1], abs_mask)),
                                _mm256_max_ps(_mm256_and_ps(v[2], abs_mask), _mm256_and_ps(v[3], abs_mask)));
-      const float amax = max_lane(m);
+      const float amax = hmax(m);
       const float scale = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
       out.x_scale[i * blocks + b] = scale;
       __m256i q[4];

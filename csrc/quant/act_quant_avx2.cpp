@@ -1,22 +1,13 @@
 #include <immintrin.h>
 
 #include "common/bf16_avx2.h"
+#include "common/lanes_avx2.h"
 #include "quant/act_params.h"
 #include "quant/act_quant.h"
 
 namespace shrike::avx2 {
 
 namespace {
-inline float hmin(__m256 v) {
-  __m128 m = _mm_min_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  m = _mm_min_ps(m, _mm_movehl_ps(m, m));
-  return _mm_cvtss_f32(_mm_min_ss(m, _mm_shuffle_ps(m, m, 1)));
-}
-inline float hmax(__m256 v) {
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  return _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps(m, m, 1)));
-}
 
 // std::round (half away from zero) exactly: trunc(v) + trunc(2 * (v - trunc(v))); every step is
 // exact, unlike floor(v + 0.5), which rounds 0.49999997 up.
