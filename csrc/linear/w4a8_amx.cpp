@@ -79,7 +79,7 @@ void w4a8_tiles(const W4A8Problem& p, int64_t tile_begin, int64_t tile_end) {
             __m512 group_wsum = _mm512_loadu_ps(wsum.data() + (j * groups + g) * 16);
             for (int r = 0; r < rows; ++r) {
               // sum((q - zero) * w) = sum(q * w) - zero * sum(w), exact in float for groups up
-              // to 128 (see w4a8_avx512vnni.cpp).
+              // to 128 (see tile_walk_x86.h).
               __m512i isum = _mm512_load_si512(sums[(r / 16) * 2 + j][r % 16]);
               __m512 exact = _mm512_fnmadd_ps(_mm512_set1_ps(static_cast<float>(p.x_zero[i0 + r])), group_wsum,
                                               _mm512_cvtepi32_ps(isum));
