@@ -1,10 +1,69 @@
-// Grouped linear with 512-bit vpdpbusd: two adjacent tiles (16 output columns) per zmm.
-#include "linear/epilogue_avx512.h"
+// Grouped linear with 512-bit vpdpbusd. Decode (one or two rows) of int8 values, and of 4-bit values
+// in groups of 32, walks one tile at a time as one sequential stream (linear/decode_avx512.h); everything else
+// takes grouped_walk_x86.h's register blocks: two adjacent tiles (16 output columns) per zmm.
+#include "grouped_linear/grouped_layout.h"
 #include "grouped_linear/grouped_walk_x86.h"
+#include "linear/decode_avx512.h"
+#include "linear/epilogue_avx512.h"
 
 namespace shrike::avx512vnni {
+namespace {
+
+template <int BITS, bool MIN, int MR>
+__attribute__((noinline)) void grouped_decode_tile(const GroupedProblem& p, int64_t t) {
+  const GroupedWeight& wt = p.w;
+  const int64_t groups = wt.k / wt.group, blocks = wt.k / kGroupedActivationBlock;
+  const uint8_t* w = wt.packed + t * grouped_tile_bytes(wt);
+  __m256 acc[MR];
+  _Pragma("GCC unroll 4") for (int r = 0; r < MR; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    const int8_t* x[MR];
+    __m256i isum[MR];
+    _Pragma("GCC unroll 4") for (int r = 0; r < MR; ++r) {
+      x[r] = p.q + r * wt.k + g * wt.group;
+      isum[r] = _mm256_set1_epi32(BITS == 8 ? -128 * p.group_sum[r * groups + g] : 0);
+    }
+    if constexpr (BITS == 8) byte_group<MR>(w, grouped_value_bytes(wt.group, 8), x, isum);
+    else nibble_group<MR>(w, grouped_value_bytes(wt.group, 4), x, isum);
+    __m256 scale = _mm256_loadu_ps(reinterpret_cast<const float*>(w));
+    __m256 min = MIN ? _mm256_loadu_ps(reinterpret_cast<const float*>(w + 32)) : _mm256_setzero_ps();
+    w += MIN ? 64 : 32;
+    const int64_t b = g * wt.group / kGroupedActivationBlock;
+    _Pragma("GCC unroll 4") for (int r = 0; r < MR; ++r) {
+      __m256 a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(scale, _mm256_set1_ps(p.x_scale[r * blocks + b])),
+                                 acc[r]);
+      if constexpr (MIN) a = _mm256_fmadd_ps(_mm256_set1_ps(p.x_min[r * groups + g]), min, a);
+      acc[r] = a;
+    }
+  }
+  const int64_t col = t * kTileRows;
+  const int valid = static_cast<int>(wt.n - col < kTileRows ? wt.n - col : kTileRows);
+  __m256 bias = _mm512_castps512_ps256(load_bias(p.bias, col, valid));
+  _Pragma("GCC unroll 4") for (int r = 0; r < MR; ++r) {
+    __m256 y = _mm256_fmadd_ps(acc[r], _mm256_set1_ps(1.f), bias);  // acc + bias, rounded once
+    store_row(p.out, p.out_dtype, r * wt.n + col, _mm512_castps256_ps512(y), valid);
+  }
+}
+
+template <int BITS, bool MIN>
+void grouped_decode(const GroupedProblem& p, int64_t tile_begin, int64_t tile_end) {
+  for (int64_t t = tile_begin; t < tile_end; ++t) {
+    if (p.m == 1) grouped_decode_tile<BITS, MIN, 1>(p, t);
+    else grouped_decode_tile<BITS, MIN, 2>(p, t);
+  }
+}
+
+}  // namespace
 
 void grouped_tiles(const GroupedProblem& p, int64_t tile_begin, int64_t tile_end) {
+  if (p.m <= 2 && p.w.bits == 8) {
+    if (p.w.has_min) return grouped_decode<8, true>(p, tile_begin, tile_end);
+    return grouped_decode<8, false>(p, tile_begin, tile_end);
+  }
+  if (p.m <= 2 && p.w.group == 32) {
+    if (p.w.has_min) return grouped_decode<4, true>(p, tile_begin, tile_end);
+    return grouped_decode<4, false>(p, tile_begin, tile_end);
+  }
   grouped_walk<ZmmLanes>(p, tile_begin, tile_end);
 }
 

@@ -1,5 +1,6 @@
-// Decode (one or two activation rows) on AVX-512: one 8-row tile at a time over all of K, so each
-// thread reads its share of the weights as one sequential stream. The register-blocked walk of
+// Decode (one or two activation rows) on AVX-512 for the tile layouts of W4A8 and of grouped
+// weights (4-bit values in groups of 32, int8 values in groups of 16 or 32): one 8-row tile at a time over all of K, so each thread
+// reads its share of the weights as one sequential stream. The register-blocked walk of
 // tile_walk_x86.h keeps 8 tiles (8 streams) in flight per thread for its accumulators; on Zen 4
 // the hardware prefetchers serve that slower than one stream (benchmarks/README.md).
 //
@@ -60,6 +61,27 @@ inline void nibble_group(const uint8_t*& w, int64_t group_bytes, const int8_t* c
     __m512i s = _mm512_add_epi32(_mm512_add_epi32(sums[r][0], sums[r][1]), _mm512_add_epi32(sums[r][2], sums[r][3]));
     isum[r] = _mm256_add_epi32(isum[r], fold_halves(s));
   }
+}
+
+// The same for int8 values (group_bytes = 8 * group, a multiple of 128), stored signed: they are
+// flipped to w + 128 for the unsigned operand, so isum[r] must start at -128 * sum(q) of the group.
+template <int MR>
+inline void byte_group(const uint8_t*& w, int64_t group_bytes, const int8_t* const (&x)[MR], __m256i (&isum)[MR]) {
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  const __m512i first = dword_pairs(0, 1), second = dword_pairs(2, 3);
+  __m512i sums[MR][2];
+  _Pragma("GCC unroll 4") for (int r = 0; r < MR; ++r) sums[r][0] = sums[r][1] = _mm512_setzero_si512();
+  for (int64_t b = 0; b < group_bytes; b += 128, w += 128) {
+    // 128 bytes: K steps 0-3 of 4 K each; v0 holds steps 0 and 1, v1 steps 2 and 3
+    __m512i v0 = _mm512_xor_si512(_mm512_loadu_si512(w), flip), v1 = _mm512_xor_si512(_mm512_loadu_si512(w + 64), flip);
+    _Pragma("GCC unroll 4") for (int r = 0; r < MR; ++r) {
+      __m512i q = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[r] + b / 8)));
+      sums[r][0] = _mm512_dpbusd_epi32(sums[r][0], v0, _mm512_permutexvar_epi32(first, q));
+      sums[r][1] = _mm512_dpbusd_epi32(sums[r][1], v1, _mm512_permutexvar_epi32(second, q));
+    }
+  }
+  _Pragma("GCC unroll 4") for (int r = 0; r < MR; ++r)
+    isum[r] = _mm256_add_epi32(isum[r], fold_halves(_mm512_add_epi32(sums[r][0], sums[r][1])));
 }
 
 template <int MR>
