@@ -1,16 +1,17 @@
-// Decode (one or two activation rows) on AVX-512 for the tile layouts of W4A8 and of grouped
-// weights (4-bit values in groups of 32, int8 values in groups of 16 or 32): one 8-row tile at a time over all of K, so each thread
-// reads its share of the weights as one sequential stream. The register-blocked walk of
-// tile_walk_x86.h keeps 8 tiles (8 streams) in flight per thread for its accumulators; on Zen 4
-// the hardware prefetchers serve that slower than one stream (benchmarks/README.md).
+// Decode (one or two activation rows) on AVX-512 for the tile layouts of W4A8, W8A8 and grouped
+// weights (4-bit values in groups of 32, int8 values in groups of 16 or 32): one 8-row tile at a
+// time over all of K, so each thread reads its share of the weights as one sequential stream. The
+// register-blocked walk of tile_walk_x86.h keeps 8 tiles (8 streams) in flight per thread for its
+// accumulators; on Zen 4 the hardware prefetchers serve that slower than one stream
+// (benchmarks/README.md).
 //
 // A 64-byte load holds two consecutive 32-byte K steps of one tile: lanes 0-7 the first step's
 // 8 rows, lanes 8-15 the second's. Each vpdpbusd therefore needs two activation dwords, one per
 // half, which one vpermd picks from the row's 32 activation bytes of that load pair. (Spreading the
 // activations into that form once per call was 40% slower: the 8x larger copy competes with the
-// weight stream for L1.)
-// The two halves of an accumulator are folded at the end of each group, so the integer group sums
-// and every float step after them are the reference's (linear.h, grouped_linear.h).
+// weight stream for L1.) The two halves of an accumulator are folded at the end of each group,
+// so the integer group sums and every float step after them are the reference's (linear.h,
+// grouped_linear.h).
 // Internal linkage on purpose: compiled with AVX-512 flags only.
 #pragma once
 #include <immintrin.h>
@@ -63,8 +64,9 @@ inline void nibble_group(const uint8_t*& w, int64_t group_bytes, const int8_t* c
   }
 }
 
-// The same for int8 values (group_bytes = 8 * group, a multiple of 128), stored signed: they are
-// flipped to w + 128 for the unsigned operand, so isum[r] must start at -128 * sum(q) of the group.
+// The same for int8 values (group_bytes = 8 * group, a multiple of 128; W8A8's group is the whole
+// row), stored signed: they are flipped to w + 128 for the unsigned operand, so isum[r] must start
+// at -128 * sum(q) of the group.
 template <int MR>
 inline void byte_group(const uint8_t*& w, int64_t group_bytes, const int8_t* const (&x)[MR], __m256i (&isum)[MR]) {
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
@@ -121,6 +123,34 @@ inline void w4a8_decode(const W4A8Problem& p, int64_t tile_begin, int64_t tile_e
   for (int64_t t = tile_begin; t < tile_end; ++t) {
     if (p.m == 1) w4a8_decode_tile<1>(p, t);
     else w4a8_decode_tile<2>(p, t);
+  }
+}
+
+template <int MR>
+__attribute__((noinline)) void w8a8_decode_tile(const W8A8Problem& p, int64_t t) {
+  const uint8_t* w = p.packed + t * w8a8_tile_bytes(p.k);
+  const int8_t* x[MR];
+  __m256i isum[MR];
+  _Pragma("GCC unroll 4") for (int r = 0; r < MR; ++r) {
+    x[r] = p.q + r * p.k;
+    isum[r] = _mm256_set1_epi32(static_cast<int32_t>(-128 * p.x_sum[r]));
+  }
+  byte_group<MR>(w, kTileRows * p.k, x, isum);  // the whole row is one group; int32 may wrap on the way, as in the walk
+  __m256 scale = _mm256_loadu_ps(reinterpret_cast<const float*>(w));
+  const int64_t col = t * kTileRows;
+  const int valid = static_cast<int>(p.n - col < kTileRows ? p.n - col : kTileRows);
+  __m256 bias = _mm512_castps512_ps256(load_bias(p.bias, col, valid));
+  _Pragma("GCC unroll 4") for (int r = 0; r < MR; ++r) {
+    __m256 y = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(_mm256_set1_ps(p.x_scale[r]), scale), bias);
+    store_row(p.out, p.out_dtype, r * p.n + col, _mm512_castps256_ps512(y), valid);
+  }
+}
+
+// Rows [0, p.m) (p.m <= 2) of tiles [tile_begin, tile_end); k % 16 == 0.
+inline void w8a8_decode(const W8A8Problem& p, int64_t tile_begin, int64_t tile_end) {
+  for (int64_t t = tile_begin; t < tile_end; ++t) {
+    if (p.m == 1) w8a8_decode_tile<1>(p, t);
+    else w8a8_decode_tile<2>(p, t);
   }
 }
 
