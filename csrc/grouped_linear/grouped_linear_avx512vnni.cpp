@@ -36,21 +36,14 @@ __attribute__((noinline)) void grouped_decode_tile(const GroupedProblem& p, int6
       acc[r] = a;
     }
   }
-  const int64_t col = t * kTileRows;
-  const int valid = static_cast<int>(wt.n - col < kTileRows ? wt.n - col : kTileRows);
-  __m256 bias = _mm512_castps512_ps256(load_bias(p.bias, col, valid));
-  _Pragma("GCC unroll 4") for (int r = 0; r < MR; ++r) {
-    __m256 y = _mm256_fmadd_ps(acc[r], _mm256_set1_ps(1.f), bias);  // acc + bias, rounded once
-    store_row(p.out, p.out_dtype, r * wt.n + col, _mm512_castps256_ps512(y), valid);
-  }
+  const TileColumns c = tile_columns(wt.n, p.bias, t);
+  _Pragma("GCC unroll 4") for (int r = 0; r < MR; ++r)  // acc + bias, rounded once
+    store_tile_row(p.out, p.out_dtype, r * wt.n + c.col, _mm256_fmadd_ps(acc[r], _mm256_set1_ps(1.f), c.bias), c.valid);
 }
 
 template <int BITS, bool MIN>
 void grouped_decode(const GroupedProblem& p, int64_t tile_begin, int64_t tile_end) {
-  for (int64_t t = tile_begin; t < tile_end; ++t) {
-    if (p.m == 1) grouped_decode_tile<BITS, MIN, 1>(p, t);
-    else grouped_decode_tile<BITS, MIN, 2>(p, t);
-  }
+  for_decode_tiles(p.m, tile_begin, tile_end, [&](auto rows, int64_t t) { grouped_decode_tile<BITS, MIN, rows>(p, t); });
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "linear/epilogue_avx512.h"
 #include "linear/layout.h"
@@ -33,6 +34,31 @@ inline __m512i dword_pairs(int i, int j) {
 // The 8 int32 of one tile's rows: the two halves of s added.
 inline __m256i fold_halves(__m512i s) {
   return _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
+}
+
+// The output columns of tile t: the first one, how many of its 8 exist, and their bias (0 without one).
+struct TileColumns {
+  int64_t col;
+  int valid;
+  __m256 bias;
+};
+inline TileColumns tile_columns(int64_t n, const float* bias, int64_t t) {
+  const int64_t col = t * kTileRows;
+  const int valid = static_cast<int>(n - col < kTileRows ? n - col : kTileRows);
+  return {col, valid, _mm512_castps512_ps256(load_bias(bias, col, valid))};
+}
+
+inline void store_tile_row(void* out, DType dt, int64_t offset, __m256 y, int valid) {
+  store_row(out, dt, offset, _mm512_castps256_ps512(y), valid);
+}
+
+// kernel(std::integral_constant<int, MR>{}, t) for every tile t of [tile_begin, tile_end), MR = m (1 or 2).
+template <typename TileKernel>
+inline void for_decode_tiles(int64_t m, int64_t tile_begin, int64_t tile_end, TileKernel kernel) {
+  for (int64_t t = tile_begin; t < tile_end; ++t) {
+    if (m == 1) kernel(std::integral_constant<int, 1>{}, t);
+    else kernel(std::integral_constant<int, 2>{}, t);
+  }
 }
 
 // isum[r] += the int32 dot products of one group's 4-bit values (group_bytes = 4 * group, a multiple
@@ -109,21 +135,14 @@ __attribute__((noinline)) void w4a8_decode_tile(const W4A8Problem& p, int64_t t)
       acc[r] = _mm256_fmadd_ps(exact, scale, acc[r]);
     }
   }
-  const int64_t col = t * kTileRows;
-  const int valid = static_cast<int>(p.n - col < kTileRows ? p.n - col : kTileRows);
-  __m256 bias = _mm512_castps512_ps256(load_bias(p.bias, col, valid));
-  _Pragma("GCC unroll 4") for (int r = 0; r < MR; ++r) {
-    __m256 y = _mm256_fmadd_ps(acc[r], _mm256_set1_ps(p.x_scale[r]), bias);
-    store_row(p.out, p.out_dtype, r * p.n + col, _mm512_castps256_ps512(y), valid);
-  }
+  const TileColumns c = tile_columns(p.n, p.bias, t);
+  _Pragma("GCC unroll 4") for (int r = 0; r < MR; ++r)
+    store_tile_row(p.out, p.out_dtype, r * p.n + c.col, _mm256_fmadd_ps(acc[r], _mm256_set1_ps(p.x_scale[r]), c.bias), c.valid);
 }
 
 // Rows [0, p.m) (p.m <= 2) of tiles [tile_begin, tile_end).
 inline void w4a8_decode(const W4A8Problem& p, int64_t tile_begin, int64_t tile_end) {
-  for (int64_t t = tile_begin; t < tile_end; ++t) {
-    if (p.m == 1) w4a8_decode_tile<1>(p, t);
-    else w4a8_decode_tile<2>(p, t);
-  }
+  for_decode_tiles(p.m, tile_begin, tile_end, [&](auto rows, int64_t t) { w4a8_decode_tile<rows>(p, t); });
 }
 
 template <int MR>
@@ -137,21 +156,16 @@ __attribute__((noinline)) void w8a8_decode_tile(const W8A8Problem& p, int64_t t)
   }
   byte_group<MR>(w, kTileRows * p.k, x, isum);  // the whole row is one group; int32 may wrap on the way, as in the walk
   __m256 scale = _mm256_loadu_ps(reinterpret_cast<const float*>(w));
-  const int64_t col = t * kTileRows;
-  const int valid = static_cast<int>(p.n - col < kTileRows ? p.n - col : kTileRows);
-  __m256 bias = _mm512_castps512_ps256(load_bias(p.bias, col, valid));
+  const TileColumns c = tile_columns(p.n, p.bias, t);
   _Pragma("GCC unroll 4") for (int r = 0; r < MR; ++r) {
-    __m256 y = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(_mm256_set1_ps(p.x_scale[r]), scale), bias);
-    store_row(p.out, p.out_dtype, r * p.n + col, _mm512_castps256_ps512(y), valid);
+    __m256 y = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(_mm256_set1_ps(p.x_scale[r]), scale), c.bias);
+    store_tile_row(p.out, p.out_dtype, r * p.n + c.col, y, c.valid);
   }
 }
 
 // Rows [0, p.m) (p.m <= 2) of tiles [tile_begin, tile_end); k % 16 == 0.
 inline void w8a8_decode(const W8A8Problem& p, int64_t tile_begin, int64_t tile_end) {
-  for (int64_t t = tile_begin; t < tile_end; ++t) {
-    if (p.m == 1) w8a8_decode_tile<1>(p, t);
-    else w8a8_decode_tile<2>(p, t);
-  }
+  for_decode_tiles(p.m, tile_begin, tile_end, [&](auto rows, int64_t t) { w8a8_decode_tile<rows>(p, t); });
 }
 
 }  // namespace
