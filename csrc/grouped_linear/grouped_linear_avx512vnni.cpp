@@ -1,6 +1,7 @@
-// Grouped linear with 512-bit vpdpbusd. Decode (one or two rows) of int8 values, and of 4-bit values
-// in groups of 32, walks one tile at a time as one sequential stream (linear/decode_avx512.h); everything else
-// takes grouped_walk_x86.h's register blocks: two adjacent tiles (16 output columns) per zmm.
+// Grouped linear with 512-bit vpdpbusd. Decode (one or two rows) of int8 values, and of 4-bit
+// values in groups of 32, walks one tile at a time as one sequential stream
+// (linear/decode_avx512.h); everything else takes grouped_walk_x86.h's register blocks: two
+// adjacent tiles (16 output columns) per zmm.
 #include "grouped_linear/grouped_layout.h"
 #include "grouped_linear/grouped_walk_x86.h"
 #include "linear/decode_avx512.h"
