@@ -17,9 +17,9 @@
 #include <immintrin.h>
 
 #include <cstdint>
-#include <type_traits>
 
 #include "linear/epilogue_avx512.h"
+#include "linear/gemm_driver.h"
 #include "linear/layout.h"
 #include "linear/linear.h"
 
@@ -52,13 +52,12 @@ inline void store_tile_row(void* out, DType dt, int64_t offset, __m256 y, int va
   store_row(out, dt, offset, _mm512_castps256_ps512(y), valid);
 }
 
-// kernel(std::integral_constant<int, MR>{}, t) for every tile t of [tile_begin, tile_end), MR = m (1 or 2).
+// kernel(Count<MR>{}, t) for every tile t of [tile_begin, tile_end), MR = m (1 or 2).
 template <typename TileKernel>
 inline void for_decode_tiles(int64_t m, int64_t tile_begin, int64_t tile_end, TileKernel kernel) {
-  for (int64_t t = tile_begin; t < tile_end; ++t) {
-    if (m == 1) kernel(std::integral_constant<int, 1>{}, t);
-    else kernel(std::integral_constant<int, 2>{}, t);
-  }
+  with_count<2>(static_cast<int>(m), [&](auto rows) {
+    for (int64_t t = tile_begin; t < tile_end; ++t) kernel(rows, t);
+  });
 }
 
 // isum[r] += the int32 dot products of one group's 4-bit values (group_bytes = 4 * group, a multiple
