@@ -26,8 +26,4 @@ shrike::WeightOnlyWeight weight_only_weight(const nanobind::ndarray<nanobind::de
 
 // A grouped (GGUF quant blocks) weight over packed, checked (bindings_grouped.cpp).
 shrike::GroupedWeight grouped_weight(const nanobind::ndarray<nanobind::device::cpu>& packed, int64_t n, int64_t k,
-                                     int64_t group, int bits, bool has_min);
-
-// A packed embedding table (W4A8 or grouped tiles) over packed, checked (bindings_fused.cpp).
-shrike::PackedTable packed_table(const nanobind::ndarray<nanobind::device::cpu>& packed, const std::string& format,
-                                 int64_t n, int64_t k, int64_t group, int bits, bool has_min, const std::string& op);
+                                     int64_t group, int bits, bool has_min, bool f16_params);

@@ -12,23 +12,6 @@
 using namespace shrike::bindings;
 using Array = ContiguousArray;
 
-// The table's fields as kernels.W4A8Weight / kernels.GroupedWeight hold them, checked against its bytes.
-shrike::PackedTable packed_table(const nb::ndarray<nb::device::cpu>& packed, const std::string& format, int64_t n, int64_t k, int64_t group,
-                                 int bits, bool has_min, const std::string& op) {
-  require(format == "w4a8" || format == "grouped", op, "format must be 'w4a8' or 'grouped'");
-  shrike::PackedTable t{format == "w4a8" ? shrike::PackedTable::w4a8 : shrike::PackedTable::grouped,
-                        static_cast<const uint8_t*>(packed.data()), n, k, group, bits, has_min};
-  try {
-    shrike::check_packed_table(t);
-  } catch (const std::invalid_argument& e) {
-    throw nb::value_error(e.what());
-  }
-  require(packed.dtype() == nb::dtype<uint8_t>() && packed.ndim() == 1 &&
-              static_cast<int64_t>(packed.size()) == shrike::packed_table_bytes(t),
-          op, "packed must be the (bytes,) uint8 tensor of a table of that shape");
-  return t;
-}
-
 namespace {
 
 void add_rmsnorm(const Array& x, Array& residual, const Array& weight, Array& out, float eps) {
@@ -56,10 +39,10 @@ void embedding(const Array& token_ids, const Array& table, Array& out, float sca
   shrike::embedding(ids, tokens, table.data(), dim(table, 1), out.data(), scale, dt);
 }
 
-void packed_embedding(const Array& token_ids, const nb::ndarray<nb::device::cpu>& packed, const std::string& format, int64_t n, int64_t k,
-                      int64_t group, int bits, bool has_min, Array& out, float scale) {
+void packed_embedding(const Array& token_ids, const nb::ndarray<nb::device::cpu>& packed, int64_t n, int64_t k,
+                      int64_t group, int bits, bool has_min, bool f16_params, Array& out, float scale) {
   const std::string op = "packed_embedding";
-  const shrike::PackedTable table = packed_table(packed, format, n, k, group, bits, has_min, op);
+  const shrike::GroupedWeight table = grouped_weight(packed, n, k, group, bits, has_min, f16_params);
   shrike::DType dt = float_dtype(out, op, "out");
   require(token_ids.dtype() == nb::dtype<int64_t>() && token_ids.ndim() == 1, op, "token_ids must be (T,) int64");
   require(out.ndim() == 2 && dim(out, 0) == dim(token_ids, 0) && dim(out, 1) == k, op, "out must be (T, k)");
@@ -179,9 +162,9 @@ void bind_fused(nb::module_& m) {
         nb::arg("eps"), "residual += x; out = rmsnorm(residual) * weight.");
   m.def("embedding", &embedding, nb::arg("token_ids"), nb::arg("table"), nb::arg("out").noconvert(), nb::arg("scale"),
         "out = table[token_ids] * scale (the multiply only when scale != 1).");
-  m.def("packed_embedding", &packed_embedding, nb::arg("token_ids"), nb::arg("packed"), nb::arg("format"), nb::arg("n"),
-        nb::arg("k"), nb::arg("group"), nb::arg("bits"), nb::arg("has_min"), nb::arg("out").noconvert(), nb::arg("scale"),
-        "out[t] = row token_ids[t] of a packed table (W4A8 or grouped tiles) as its bf16 conversion holds it, * scale.");
+  m.def("packed_embedding", &packed_embedding, nb::arg("token_ids"), nb::arg("packed"), nb::arg("n"), nb::arg("k"),
+        nb::arg("group"), nb::arg("bits"), nb::arg("has_min"), nb::arg("f16_params"), nb::arg("out").noconvert(),
+        nb::arg("scale"), "out[t] = row token_ids[t] of a grouped weight as its bf16 conversion holds it, * scale.");
   m.def("silu_mul", &silu_mul, nb::arg("gate_up"), nb::arg("out").noconvert(), "out = silu(gate) * up for gate_up = [gate | up].");
   m.def("rope_write_kv", &rope_write_kv, nb::arg("qkv"), nb::arg("cos"), nb::arg("sin"), nb::arg("slot_mapping"),
         nb::arg("q_out").noconvert(), nb::arg("key_cache").noconvert(), nb::arg("value_cache").noconvert(),

@@ -16,7 +16,7 @@ from shrike import LLM, SamplingParams, _C
 from shrike.convert.gguf_blocks import TYPES, grouped_blocks
 from shrike.executor.step import EagerStep
 from shrike.layers.linear import DenseLinear
-from shrike.kernels import GroupedWeight, W4A8Weight, quantize_activations
+from shrike.kernels import GroupedWeight
 from shrike.model.gguf_linear import GGUFLinearFactory
 from shrike.ops import (embedding_kernel, embedding_reference, grouped_linear_kernel, grouped_linear_reference,
                         quantize_blocks_of_32)
@@ -34,10 +34,8 @@ def stored(qtype: Q, rows: int, cols: int, seed: int) -> np.ndarray:
     return stored_block_bytes(qtype, rows, cols, rng)
 
 
-def packed_form(qtype: Q, data: np.ndarray, rows: int, cols: int):
+def packed_form(qtype: Q, data: np.ndarray, rows: int, cols: int) -> GroupedWeight:
     blocks = grouped_blocks(data, qtype, rows, cols)
-    if qtype == Q.Q4_0:
-        return W4A8Weight.from_int8(torch.from_numpy(blocks.values), torch.from_numpy(blocks.scale), 32)
     mins = None if blocks.min is None else torch.from_numpy(blocks.min)
     return GroupedWeight.from_values(torch.from_numpy(blocks.values), torch.from_numpy(blocks.scale), mins,
                                      blocks.group, blocks.bits)
@@ -49,25 +47,27 @@ def test_repacked_weights_dequantize_to_the_gguf_values_bit_for_bit(qtype):
     data = stored(qtype, rows, cols, seed=int(qtype))
     expected = gguf.quants.dequantize(data, qtype).reshape(rows, cols).astype(np.float32)
     weight = packed_form(qtype, data, rows, cols)
-    if isinstance(weight, W4A8Weight):
-        values, scale = weight.unpack()
-        got = (values.reshape(rows, -1, 32).float() * scale[..., None]).reshape(rows, cols)
-    else:
-        got = weight.dequantize()
+    # the types whose blocks hold fp16 scales keep them so, at the file's size
+    assert weight.f16_params == (qtype in {Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0})
+    got = weight.dequantize()
     assert np.isfinite(expected).all() and np.abs(expected).max() > 0
     assert np.array_equal(got.numpy().view(np.uint32), expected.view(np.uint32))
 
 
 @pytest.mark.parametrize("bits,group,has_min", [(8, 32, False), (8, 16, False), (8, 32, True), (4, 32, True),
-                                                (4, 16, True)])
+                                                (4, 16, True), (4, 32, False)])
+@pytest.mark.parametrize("f16_params", [False, True], ids=["f32-scales", "f16-scales"])
 @pytest.mark.parametrize("rows", [1, 3, 19])
-def test_grouped_kernel_equals_its_reference_bit_for_bit(bits, group, has_min, rows):
+def test_grouped_kernel_equals_its_reference_bit_for_bit(bits, group, has_min, f16_params, rows):
     torch.manual_seed(rows)
     n, k = 45, 640
-    values = torch.randint(0, 16, (n, k), dtype=torch.int8) if bits == 4 else \
-        torch.randint(-128, 128, (n, k), dtype=torch.int8)
+    low = -128 if bits == 8 else 0 if has_min else -8
+    values = torch.randint(low, 128 if bits == 8 else low + 16, (n, k), dtype=torch.int8)
     scale, mins = torch.rand(n, k // group) * 0.01, torch.rand(n, k // group) * 0.05 if has_min else None
+    if f16_params:
+        scale, mins = scale.half().float(), None if mins is None else mins.half().float()
     weight = GroupedWeight.from_values(values, scale, mins, group, bits)
+    assert weight.f16_params == f16_params
     x, bias = torch.randn(rows, k).bfloat16(), torch.randn(n)
     x[0, :32] = 0  # an all-zero activation block
     got, want = torch.empty(rows, n, dtype=torch.bfloat16), torch.empty(rows, n, dtype=torch.bfloat16)
@@ -77,7 +77,8 @@ def test_grouped_kernel_equals_its_reference_bit_for_bit(bits, group, has_min, r
 
 
 # A tiny Llama with every linear typed: q/k/v, o, gate/up and down of three layers walk through the types, so
-# fused layers mix them (groups of 16 and 32, with and without mins, 4- and 8-bit values) and one is all Q4_0.
+# fused layers mix them (groups of 16 and 32, with and without mins, 4- and 8-bit values, float32 and fp16
+# scales) and one is all Q4_0 (4-bit values without mins).
 MIX = [Q.Q4_0, Q.Q4_0, Q.Q4_0, Q.Q8_0, Q.Q4_K, Q.Q6_K, Q.Q5_K, Q.Q5_0, Q.Q4_1, Q.Q5_1, Q.IQ4_XS, Q.Q6_K,
        Q.Q4_K, Q.Q8_0, Q.Q4_K, Q.Q4_K, Q.Q5_0, Q.Q6_K, Q.Q8_0, Q.Q8_0, Q.Q4_1]
 _HF = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
@@ -101,24 +102,15 @@ def _models(path):
 
 class _DequantizedWithActivationsQuantizedLike:
     """A native layer as a float32 dense layer of its exactly dequantized weights, whose input is quantized and
-    dequantized as the native kernel quantizes it: per block of 32 (grouped), or per row asymmetrically (W4A8)."""
+    dequantized per block of 32 as the grouped kernel quantizes it."""
 
     def __init__(self, native, ops):
-        if native.format == "grouped":
-            weight = native.weight.dequantize()
-        else:
-            values, scale = native.weight.unpack()
-            weight = (values.reshape(values.shape[0], -1, 32).float() * scale[..., None]).reshape(values.shape)
-        self.dense, self.format, self.out_features = DenseLinear(weight, None, ops.dense_linear), native.format, \
+        self.dense, self.out_features = DenseLinear(native.weight.dequantize(), None, ops.dense_linear), \
             native.out_features
 
     def __call__(self, step, x, rows):
-        if self.format == "grouped":
-            q, scale = quantize_blocks_of_32(x)
-            x = (q.reshape(rows, -1, 32) * scale[..., None]).reshape(x.shape).to(x.dtype)
-        else:
-            a = quantize_activations(x, "w4a8", 32)
-            x = ((a["q"].float() - a["zero"][:, None].float()) * a["scale"][:, None]).to(x.dtype)
+        q, scale = quantize_blocks_of_32(x)
+        x = (q.reshape(rows, -1, 32) * scale[..., None]).reshape(x.shape).to(x.dtype)
         return self.dense(step, x, rows)
 
 
@@ -134,8 +126,11 @@ def test_mixed_types_give_the_logits_of_their_dequantized_weights_with_the_same_
     native, converted = _models(mixed_gguf)
     assert "21 linear tensors run natively" in capfd.readouterr().err
     names = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
-    formats = {getattr(layer, name).format for layer in native.runner.model.layers for name in names}
-    assert formats == {"w4a8", "grouped"}
+    weights = [getattr(layer, name).weight for layer in native.runner.model.layers for name in names]
+    assert all(isinstance(w, GroupedWeight) for w in weights)
+    # the all-Q4_0 layer (q, k, v of layer 0) is 4-bit with fp16 scales; mixes of fp16 and K-quant scales are not
+    assert (weights[0].bits, weights[0].has_min, weights[0].f16_params) == (4, False, True)
+    assert {w.f16_params for w in weights} == {False, True}
     tokens = list(range(3, 40))
     bf16_logits = _logits(converted, tokens)
     ops = converted.runner.model.ops
@@ -201,7 +196,7 @@ def test_packed_embedding_rejects_a_table_of_another_shape_and_ids_outside_it():
     with pytest.raises(ValueError, match="token id outside the table"):
         embedding_kernel(torch.tensor([16]), packed, out, 1.0)
     with pytest.raises(ValueError, match="packed must be"):
-        _C.packed_embedding(torch.tensor([0]), packed.packed[:-1], "grouped", 16, 64, 32, 8, False, out, 1.0)
+        _C.packed_embedding(torch.tensor([0]), packed.packed[:-1], 16, 64, 32, 8, False, True, out, 1.0)
 
 
 # (token_embd type, output.weight type or None for a tied head)
@@ -228,7 +223,7 @@ def test_the_embedding_table_runs_from_the_files_blocks_and_answers_like_the_con
         assert isinstance(model.embed_tokens, torch.Tensor)
         assert "the embedding table from the bf16 conversion" in line
         return
-    assert isinstance(model.embed_tokens, (W4A8Weight, GroupedWeight))
+    assert isinstance(model.embed_tokens, GroupedWeight)
     assert f"the embedding table from its {embedding.name} blocks" in line
     assert (model.embed_tokens is model.lm_head.weight) == (output is None)  # a tied table is held once
     monkeypatch.setattr(GGUFLinearFactory, "embedding_table", lambda self, vocab, head: None)

@@ -146,7 +146,7 @@ OpFn embedding_op(int out, const void* table, int64_t dim, float scale, DType dt
   };
 }
 
-OpFn packed_embedding_op(int out, const PackedTable& table, float scale, DType dt) {
+OpFn packed_embedding_op(int out, const GroupedWeight& table, float scale, DType dt) {
   return [=](Executor& e, const Step& s) {
     shrike::packed_embedding(e.inputs.token_ids, s.num_tokens, table, e.buffer(out), scale, dt);
   };

@@ -102,7 +102,7 @@ struct RowsArg {
 };
 
 OpFn embedding_op(int out, const void* table, int64_t dim, float scale, DType dt);
-OpFn packed_embedding_op(int out, const PackedTable& table, float scale, DType dt);
+OpFn packed_embedding_op(int out, const GroupedWeight& table, float scale, DType dt);
 OpFn rmsnorm_op(RowsArg x, const void* weight, int out, int64_t dim, float eps, DType dt, const Linear* quantize_for);
 OpFn add_rmsnorm_op(RowsArg x, int residual, const void* weight, int out, int64_t dim, float eps, DType dt,
                     const Linear* quantize_for);

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "common/dtype.h"
+#include "grouped_linear/grouped_linear.h"
 
 namespace shrike {
 
@@ -17,20 +18,11 @@ void add_rmsnorm(const void* x, void* residual, const void* weight, void* out, i
 void embedding(const int64_t* token_ids, int64_t tokens, const void* table, int64_t dim, void* out, float scale,
                DType dtype);
 
-// An embedding table held as a packed linear weight: the tied lm_head of a GGUF file, or the file's
-// token_embd blocks (packed_embedding.cpp).
-struct PackedTable {
-  enum Format { w4a8, grouped } format;  // linear/layout.h W4A8 tiles, or grouped_layout.h tiles
-  const uint8_t* packed;
-  int64_t n, k, group;  // (vocab, dim) and the K per scale
-  int bits;             // 4 for W4A8; 4 or 8 for grouped
-  bool has_min;         // grouped only
-};
-void check_packed_table(const PackedTable& table);  // throws std::invalid_argument
-int64_t packed_table_bytes(const PackedTable& table);
-// out[t] = row token_ids[t] of table as the bf16 conversion of its blocks holds it (widened for float32),
-// then scaled as embedding() scales.  out: (tokens, table.k) of dtype
-void packed_embedding(const int64_t* token_ids, int64_t tokens, const PackedTable& table, void* out, float scale,
+// An embedding table held as a grouped weight (the tied lm_head of a GGUF file, or the file's
+// token_embd blocks; packed_embedding.cpp): out[t] = row token_ids[t] of table, (vocab, dim), as the
+// bf16 conversion of its blocks holds it (widened for float32), then scaled as embedding() scales.
+// out: (tokens, table.k) of dtype
+void packed_embedding(const int64_t* token_ids, int64_t tokens, const GroupedWeight& table, void* out, float scale,
                       DType dtype);
 
 // out = silu(gate) * up, with gate_up = [gate | up] per row.  gate_up: (rows, 2*width); out: (rows, width)

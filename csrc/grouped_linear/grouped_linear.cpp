@@ -109,22 +109,31 @@ void grouped_pack(const int8_t* w, const float* scale, const float* min, const G
   check_grouped_shape(shape);
   const int64_t n = shape.n, k = shape.k, group = shape.group, groups = k / group;
   if (shape.has_min != (min != nullptr)) throw std::invalid_argument("grouped: mins given without has_min or missing");
+  const int lowest = shape.bits == 8 ? -128 : shape.has_min ? 0 : -8, stored_add = -grouped_stored_offset(shape);
   if (shape.bits == 4)
     for (int64_t i = 0; i < n * k; ++i)
-      if (w[i] < 0 || w[i] > 15)
-        throw std::invalid_argument("grouped: 4-bit value " + std::to_string(w[i]) + " is outside 0..15");
+      if (w[i] < lowest || w[i] > lowest + 15)
+        throw std::invalid_argument("grouped: 4-bit value " + std::to_string(w[i]) + " is outside " +
+                                    std::to_string(lowest) + ".." + std::to_string(lowest + 15));
+  if (shape.f16_params) {
+    f16 h;
+    for (int64_t i = 0; i < n * groups; ++i)
+      if (!float_to_f16_exact(scale[i], &h) || (min && !float_to_f16_exact(min[i], &h)))
+        throw std::invalid_argument("grouped: a scale or min is not exact in fp16; pack with float32 params");
+  }
+  const int64_t param_bytes = grouped_param_bytes(shape);
   runtime::parallel_for(tile_count(n), [&](int64_t t) {
     uint8_t* block = packed + t * grouped_tile_bytes(shape);
-    for (int64_t g = 0; g < groups; ++g, block += grouped_group_bytes(group, shape.bits, shape.has_min)) {
+    for (int64_t g = 0; g < groups; ++g, block += grouped_group_bytes(shape)) {
       float s[kTileRows] = {}, mn[kTileRows] = {};
       for (int r = 0; r < kTileRows; ++r) {
         const int64_t row = t * kTileRows + r;
-        auto value = [&](int64_t j) { return row < n ? w[row * k + g * group + j] : int8_t{0}; };
+        auto stored = [&](int64_t j) { return row < n ? w[row * k + g * group + j] + stored_add : 0; };
         for (int64_t j = 0; j < group; ++j) {
           if (shape.bits == 8)
-            block[(j / 4 * kTileRows + r) * 4 + j % 4] = static_cast<uint8_t>(value(j));
+            block[(j / 4 * kTileRows + r) * 4 + j % 4] = static_cast<uint8_t>(stored(j));
           else if (j % 8 < 4)
-            block[(j / 8 * kTileRows + r) * 4 + j % 4] = static_cast<uint8_t>(value(j) | value(j + 4) << 4);
+            block[(j / 8 * kTileRows + r) * 4 + j % 4] = static_cast<uint8_t>(stored(j) | stored(j + 4) << 4);
         }
         if (row < n) {
           s[r] = scale[row * groups + g];
@@ -132,8 +141,17 @@ void grouped_pack(const int8_t* w, const float* scale, const float* min, const G
         }
       }
       uint8_t* params = block + grouped_value_bytes(group, shape.bits);
-      std::memcpy(params, s, sizeof(s));
-      if (shape.has_min) std::memcpy(params + sizeof(s), mn, sizeof(mn));
+      for (int r = 0; r < kTileRows; ++r) {
+        if (shape.f16_params) {
+          f16 hs = 0, hm = 0;
+          float_to_f16_exact(s[r], &hs), float_to_f16_exact(mn[r], &hm);
+          std::memcpy(params + 2 * r, &hs, 2);
+          if (shape.has_min) std::memcpy(params + param_bytes + 2 * r, &hm, 2);
+        } else {
+          std::memcpy(params + 4 * r, &s[r], 4);
+          if (shape.has_min) std::memcpy(params + param_bytes + 4 * r, &mn[r], 4);
+        }
+      }
     }
   });
 }
@@ -141,23 +159,24 @@ void grouped_pack(const int8_t* w, const float* scale, const float* min, const G
 void grouped_unpack(const GroupedWeight& shape, int8_t* w, float* scale, float* min) {
   check_grouped_shape(shape);
   const int64_t k = shape.k, group = shape.group, groups = k / group;
+  const int stored_offset = grouped_stored_offset(shape);
   for (int64_t row = 0; row < shape.n; ++row) {
-    const int64_t r = row % kTileRows;
+    const int r = static_cast<int>(row % kTileRows);
     const uint8_t* block = shape.packed + row / kTileRows * grouped_tile_bytes(shape);
-    for (int64_t g = 0; g < groups; ++g, block += grouped_group_bytes(group, shape.bits, shape.has_min)) {
+    for (int64_t g = 0; g < groups; ++g, block += grouped_group_bytes(shape)) {
       for (int64_t j = 0; j < group; ++j) {
         int8_t v;
         if (shape.bits == 8) {
           v = static_cast<int8_t>(block[(j / 4 * kTileRows + r) * 4 + j % 4]);
         } else {
           uint8_t byte = block[(j / 8 * kTileRows + r) * 4 + j % 4];
-          v = static_cast<int8_t>(j % 8 < 4 ? byte & 15 : byte >> 4);
+          v = static_cast<int8_t>((j % 8 < 4 ? byte & 15 : byte >> 4) + stored_offset);
         }
         w[row * k + g * group + j] = v;
       }
       const uint8_t* params = block + grouped_value_bytes(group, shape.bits);
-      std::memcpy(scale + row * groups + g, params + r * 4, 4);
-      if (shape.has_min) std::memcpy(min + row * groups + g, params + 4 * kTileRows + r * 4, 4);
+      scale[row * groups + g] = grouped_param(params, r, shape.f16_params);
+      if (shape.has_min) min[row * groups + g] = grouped_param(params + grouped_param_bytes(shape), r, shape.f16_params);
     }
   }
 }

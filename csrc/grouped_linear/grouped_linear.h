@@ -1,9 +1,11 @@
 // Grouped linear layers y[M, N] = x[M, K] . W[N, K]^T (+ bias) whose weights keep the blocks of
 // llama.cpp's GGUF quant types as they are: int8 (or 4-bit) values in groups of G = 16 or 32
-// consecutive K of an output row, each group with a float32 scale and, optionally, a float32 min:
+// consecutive K of an output row, each group with a scale and, optionally, a min:
 //   W[n, j] = scale[n, g] * w[n, j] - min[n, g]      (g = j / G)
-// Q8_0, Q5_0, Q5_1, Q4_1, Q4_K, Q5_K, Q6_K and IQ4_XS all hold exactly in this form
-// (shrike.convert.gguf_blocks says how).
+// 4-bit values are 0..15 with mins (Q4_1, Q4_K) and -8..7 without (Q4_0). Scales and mins are held
+// as float32, or as fp16 where every one of the weight is exact in fp16 (the types whose blocks hold
+// fp16 scales: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), which is the file's own size. Every type of
+// shrike.convert.gguf_blocks holds exactly in this form (that module says how).
 //
 // The activations are quantized as llama.cpp's Q8_0: symmetric int8 per block of 32 K of a row,
 // x_scale = max|x| / 127, q = round_half_even(x * (127 / max|x|)) (0 for an all-zero block). Per weight
@@ -11,7 +13,8 @@
 //   acc = fma(float(isum_g), scale[n, g] * x_scale[m, b], acc)       (b = the group's 32-block)
 //   acc = fma(x_min[m, g], min[n, g], acc)                           (with mins only)
 //   y = acc + (bias[n] or 0)
-// where x_min[m, g] = -float(sum of q over the group) * x_scale[m, b], computed once per row.
+// where x_min[m, g] = -float(sum of q over the group) * x_scale[m, b], computed once per row, and fp16
+// scales and mins are widened to float32 first (exactly).
 // Every variant follows these float steps exactly, so all agree bit for bit with the reference.
 #pragma once
 #include <cstdint>
@@ -26,8 +29,9 @@ struct GroupedWeight {
   const uint8_t* packed = nullptr;  // grouped_layout.h
   int64_t n = 0, k = 0;
   int64_t group = 32;  // 16 or 32
-  int bits = 8;        // 8: int8 values; 4: unsigned values 0..15 (Q4_1, Q4_K)
+  int bits = 8;        // 8: int8 values; 4: values 0..15 with mins (Q4_1, Q4_K), -8..7 without (Q4_0)
   bool has_min = false;
+  bool f16_params = false;  // scales and mins held as fp16 (else float32)
 };
 
 // x: (m, k) float32/bfloat16; bias (n,) float32 or null; out (m, n). Requires k % 32 == 0.

@@ -1,7 +1,8 @@
 // Grouped linear with AVX2 maddubs for CPUs without vpdpbusd (Zen 2/3, Haswell..Coffee Lake).
 // maddubs multiplies unsigned by signed bytes and adds pairs into saturating int16, so:
-//   4-bit values (0..15) are the unsigned operand as stored; a pair is at most 2 * 15 * 127 = 3810,
-//   and the 8 maddubs of a 32-value group still sum exactly in int16 before widening;
+//   4-bit values are the unsigned operand as stored (0..15); a pair is at most 2 * 15 * 127 = 3810,
+//   and the 8 maddubs of a 32-value group still sum exactly in int16 before widening (without mins
+//   the stored values are w + 8, and -8 times the activations' group sum is added after);
 //   int8 values go in as |w| with the sign moved onto the activation (pair at most 2 * 128 * 127),
 //   widened to int32 after every maddubs.
 // Both give the exact int32 dot of each group, so the float epilogue matches grouped_ref.cpp bit for bit.
@@ -18,12 +19,19 @@ namespace shrike::avx2 {
 
 namespace {
 
+// A tile's 8 scales (or mins), float32 or fp16.
+inline __m256 load_params(const uint8_t* p, bool f16_params) {
+  if (f16_params) return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_loadu_ps(reinterpret_cast<const float*>(p));
+}
+
 // MR rows x one 8-column tile over all of K.
 template <int BITS, bool MIN, int MR>
 void rows_x_tile(const GroupedProblem& p, int64_t i0, int64_t t) {
   const GroupedWeight& wt = p.w;
   const int64_t groups = wt.k / wt.group, blocks = wt.k / kGroupedActivationBlock;
   const uint8_t* w = wt.packed + t * grouped_tile_bytes(wt);
+  const int64_t param_bytes = grouped_param_bytes(wt);
   const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
   const int8_t* q[MR];
   for (int r = 0; r < MR; ++r) q[r] = p.q + (i0 + r) * wt.k;
@@ -45,7 +53,10 @@ void rows_x_tile(const GroupedProblem& p, int64_t i0, int64_t t) {
           pin_in_register(pair_sums[r]);
         }
       }
-      for (int r = 0; r < MR; ++r) isum[r] = _mm256_madd_epi16(pair_sums[r], ones);
+      for (int r = 0; r < MR; ++r) {
+        isum[r] = _mm256_madd_epi16(pair_sums[r], ones);
+        if constexpr (!MIN) isum[r] = _mm256_add_epi32(isum[r], _mm256_set1_epi32(-8 * p.group_sum[(i0 + r) * groups + g]));
+      }
     } else {
       for (int r = 0; r < MR; ++r) isum[r] = _mm256_setzero_si256();
       for (int64_t kb = k0; kb < k0 + wt.group; kb += 4, w += 32) {
@@ -57,17 +68,17 @@ void rows_x_tile(const GroupedProblem& p, int64_t i0, int64_t t) {
         }
       }
     }
-    const __m256 scale = _mm256_loadu_ps(reinterpret_cast<const float*>(w));
+    const __m256 scale = load_params(w, wt.f16_params);
     const int64_t b = k0 / kGroupedActivationBlock;
     for (int r = 0; r < MR; ++r) {
       const int64_t i = i0 + r;
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(scale, _mm256_set1_ps(p.x_scale[i * blocks + b])),
                                acc[r]);
       if constexpr (MIN)
-        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(p.x_min[i * groups + g]),
-                                 _mm256_loadu_ps(reinterpret_cast<const float*>(w + 32)), acc[r]);
+        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(p.x_min[i * groups + g]), load_params(w + param_bytes, wt.f16_params),
+                                 acc[r]);
     }
-    w += MIN ? 64 : 32;
+    w += MIN ? 2 * param_bytes : param_bytes;
   }
   const int valid = static_cast<int>(std::min<int64_t>(kTileRows, wt.n - t * kTileRows));
   const __m256 bias = load_bias(p.bias, t * kTileRows, valid);

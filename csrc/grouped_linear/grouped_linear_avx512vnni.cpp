@@ -10,10 +10,16 @@
 namespace shrike::avx512vnni {
 namespace {
 
+// A tile's 8 scales (or mins), float32 or fp16.
+inline __m256 load_params(const uint8_t* p, bool f16_params) {
+  if (f16_params) return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_loadu_ps(reinterpret_cast<const float*>(p));
+}
+
 template <int BITS, bool MIN, int MR>
 __attribute__((noinline)) void grouped_decode_tile(const GroupedProblem& p, int64_t t) {
   const GroupedWeight& wt = p.w;
-  const int64_t groups = wt.k / wt.group, blocks = wt.k / kGroupedActivationBlock;
+  const int64_t groups = wt.k / wt.group, blocks = wt.k / kGroupedActivationBlock, param_bytes = grouped_param_bytes(wt);
   const uint8_t* w = wt.packed + t * grouped_tile_bytes(wt);
   __m256 acc[MR];
   _Pragma("GCC unroll 4") for (int r = 0; r < MR; ++r) acc[r] = _mm256_setzero_ps();
@@ -22,13 +28,13 @@ __attribute__((noinline)) void grouped_decode_tile(const GroupedProblem& p, int6
     __m256i isum[MR];
     _Pragma("GCC unroll 4") for (int r = 0; r < MR; ++r) {
       x[r] = p.q + r * wt.k + g * wt.group;
-      isum[r] = _mm256_set1_epi32(BITS == 8 ? -128 * p.group_sum[r * groups + g] : 0);
+      isum[r] = _mm256_set1_epi32((BITS == 8 ? -128 : MIN ? 0 : -8) * p.group_sum[r * groups + g]);
     }
     if constexpr (BITS == 8) byte_group<MR>(w, grouped_value_bytes(wt.group, 8), x, isum);
     else nibble_group<MR>(w, grouped_value_bytes(wt.group, 4), x, isum);
-    __m256 scale = _mm256_loadu_ps(reinterpret_cast<const float*>(w));
-    __m256 min = MIN ? _mm256_loadu_ps(reinterpret_cast<const float*>(w + 32)) : _mm256_setzero_ps();
-    w += MIN ? 64 : 32;
+    __m256 scale = load_params(w, wt.f16_params);
+    __m256 min = MIN ? load_params(w + param_bytes, wt.f16_params) : _mm256_setzero_ps();
+    w += MIN ? 2 * param_bytes : param_bytes;
     const int64_t b = g * wt.group / kGroupedActivationBlock;
     _Pragma("GCC unroll 4") for (int r = 0; r < MR; ++r) {
       __m256 a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(scale, _mm256_set1_ps(p.x_scale[r * blocks + b])),

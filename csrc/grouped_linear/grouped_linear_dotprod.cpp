@@ -1,6 +1,6 @@
 // Grouped linear with NEON sdot (Armv8.2 dotprod; also what i8mm and SVE2 machines run).
-// sdot multiplies signed bytes, so int8 values go in as stored and 4-bit values (0..15) after a
-// mask or a shift; a slice's 32 bytes are rows 0-3 then rows 4-7, four K values per 32-bit lane,
+// sdot multiplies signed bytes, so int8 values go in as stored and 4-bit values (0..15, or w + 8
+// without mins, whose 8 the group sums remove) after a mask or a shift; a slice's 32 bytes are rows 0-3 then rows 4-7, four K values per 32-bit lane,
 // exactly one sdot operand per half tile. Group sums are exact int32, so the float epilogue is
 // grouped_ref.cpp's in the same order.
 #include <arm_neon.h>
@@ -13,10 +13,16 @@ namespace shrike::dotprod {
 
 namespace {
 
+// Half h (rows 4h..4h+3) of a tile's 8 scales (or mins), float32 or fp16.
+inline float32x4_t load_params(const uint8_t* p, int h, bool f16_params) {
+  if (f16_params) return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(reinterpret_cast<const uint16_t*>(p) + 4 * h)));
+  return vld1q_f32(reinterpret_cast<const float*>(p) + 4 * h);
+}
+
 template <int BITS, bool MIN, int MR>
 void rows_x_tile(const GroupedProblem& p, int64_t i0, int64_t t) {
   const GroupedWeight& wt = p.w;
-  const int64_t groups = wt.k / wt.group, blocks = wt.k / kGroupedActivationBlock;
+  const int64_t groups = wt.k / wt.group, blocks = wt.k / kGroupedActivationBlock, param_bytes = grouped_param_bytes(wt);
   const uint8_t* w = wt.packed + t * grouped_tile_bytes(wt);
   const uint8x16_t low4 = vdupq_n_u8(0x0f);
   float32x4_t acc[MR][2];
@@ -24,7 +30,8 @@ void rows_x_tile(const GroupedProblem& p, int64_t i0, int64_t t) {
   for (int64_t g = 0; g < groups; ++g) {
     const int64_t k0 = g * wt.group;
     int32x4_t isum[MR][2];
-    for (int r = 0; r < MR; ++r) isum[r][0] = isum[r][1] = vdupq_n_s32(0);
+    for (int r = 0; r < MR; ++r)  // 4-bit values without mins are stored w + 8
+      isum[r][0] = isum[r][1] = vdupq_n_s32(BITS == 4 && !MIN ? -8 * p.group_sum[(i0 + r) * groups + g] : 0);
     for (int64_t kb = k0; kb < k0 + wt.group; kb += 16) {
       // 16 K values: four 8-bit slices, or two 4-bit slices whose low and high nibbles take turns.
       int8x16_t s[4][2];
@@ -48,16 +55,20 @@ void rows_x_tile(const GroupedProblem& p, int64_t i0, int64_t t) {
         }
       }
     }
-    const float* scale = reinterpret_cast<const float*>(w);
     const int64_t b = k0 / kGroupedActivationBlock;
+    float32x4_t scale[2], min[2];
+    for (int h = 0; h < 2; ++h) {
+      scale[h] = load_params(w, h, wt.f16_params);
+      if constexpr (MIN) min[h] = load_params(w + param_bytes, h, wt.f16_params);
+    }
     for (int r = 0; r < MR; ++r) {
       const int64_t i = i0 + r;
       for (int h = 0; h < 2; ++h) {
-        acc[r][h] = vfmaq_f32(acc[r][h], vcvtq_f32_s32(isum[r][h]), vmulq_n_f32(vld1q_f32(scale + 4 * h), p.x_scale[i * blocks + b]));
-        if constexpr (MIN) acc[r][h] = vfmaq_f32(acc[r][h], vdupq_n_f32(p.x_min[i * groups + g]), vld1q_f32(scale + 8 + 4 * h));
+        acc[r][h] = vfmaq_f32(acc[r][h], vcvtq_f32_s32(isum[r][h]), vmulq_n_f32(scale[h], p.x_scale[i * blocks + b]));
+        if constexpr (MIN) acc[r][h] = vfmaq_f32(acc[r][h], vdupq_n_f32(p.x_min[i * groups + g]), min[h]);
       }
     }
-    w += MIN ? 64 : 32;
+    w += MIN ? 2 * param_bytes : param_bytes;
   }
   const int valid = neon::tile_valid(wt.n, t);
   for (int h = 0; h < 2; ++h) {

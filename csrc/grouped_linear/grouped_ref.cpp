@@ -17,14 +17,14 @@ void store(void* out, DType dt, int64_t i, float v) {
 }
 
 // One group of one tile as values, (8, group).
-void decode_group(const uint8_t* block, int64_t group, int bits, int32_t* w) {
+void decode_group(const uint8_t* block, int64_t group, int bits, int stored_offset, int32_t* w) {
   for (int r = 0; r < kTileRows; ++r)
     for (int64_t j = 0; j < group; ++j) {
       if (bits == 8) {
         w[r * group + j] = static_cast<int8_t>(block[(j / 4 * kTileRows + r) * 4 + j % 4]);
       } else {
         uint8_t byte = block[(j / 8 * kTileRows + r) * 4 + j % 4];
-        w[r * group + j] = j % 8 < 4 ? byte & 15 : byte >> 4;
+        w[r * group + j] = (j % 8 < 4 ? byte & 15 : byte >> 4) + stored_offset;
       }
     }
 }
@@ -70,12 +70,14 @@ void grouped_tiles(const GroupedProblem& p, int64_t tile_begin, int64_t tile_end
   for (int64_t t = tile_begin; t < tile_end; ++t) {
     const uint8_t* block = wt.packed + t * grouped_tile_bytes(wt);
     std::fill(acc.begin(), acc.end(), 0.f);
-    for (int64_t g = 0; g < groups; ++g, block += grouped_group_bytes(wt.group, wt.bits, wt.has_min)) {
-      decode_group(block, wt.group, wt.bits, w.data());
+    for (int64_t g = 0; g < groups; ++g, block += grouped_group_bytes(wt)) {
+      decode_group(block, wt.group, wt.bits, grouped_stored_offset(wt), w.data());
       float scale[kTileRows], min[kTileRows] = {};
       const uint8_t* params = block + grouped_value_bytes(wt.group, wt.bits);
-      std::memcpy(scale, params, sizeof(scale));
-      if (wt.has_min) std::memcpy(min, params + sizeof(scale), sizeof(min));
+      for (int r = 0; r < kTileRows; ++r) {
+        scale[r] = grouped_param(params, r, wt.f16_params);
+        if (wt.has_min) min[r] = grouped_param(params + grouped_param_bytes(wt), r, wt.f16_params);
+      }
       const int64_t b = g * wt.group / kGroupedActivationBlock;
       for (int64_t i = 0; i < p.m; ++i) {
         const int8_t* q = p.q + i * wt.k + g * wt.group;

@@ -1,7 +1,8 @@
 // The register-blocked grouped kernel of the x86 vpdpbusd variants, written once over the lane
 // types of linear/tile_walk_x86.h (ZmmLanes: two 8-row tiles per zmm; YmmLanes: one per ymm).
 // Per group each accumulator sums exactly in int32: 4-bit values are the unsigned operand as
-// stored; int8 values are flipped to w + 128 and the accumulator starts at -128 * sum(q).
+// stored (w + 8 without mins: the accumulator starts at -8 * sum(q)); int8 values are flipped to
+// w + 128 and the accumulator starts at -128 * sum(q).
 // Internal linkage on purpose: each ISA file instantiates this with its own target flags.
 #pragma once
 #include <cstdint>
@@ -12,13 +13,19 @@
 namespace shrike {
 namespace {
 
+// The 8 scales (or mins) at `offset` of each tile of w, float32 or fp16.
+template <typename L>
+typename L::F load_params(const uint8_t* const* w, int64_t offset, bool f16_params) {
+  return f16_params ? L::load_f16(w, offset) : L::as_float(L::load(w, offset));
+}
+
 template <typename L, int BITS, bool MIN, int MR, int NB>
 __attribute__((noinline)) void grouped_rows_x_tiles(const GroupedProblem& p, int64_t i0, int64_t t, int64_t tiles) {
   using I = typename L::I;
   using F = typename L::F;
   constexpr int NV = NB / L::kTiles;
   const GroupedWeight& wt = p.w;
-  const int64_t groups = wt.k / wt.group, blocks = wt.k / kGroupedActivationBlock;
+  const int64_t groups = wt.k / wt.group, blocks = wt.k / kGroupedActivationBlock, param_bytes = grouped_param_bytes(wt);
   const uint8_t* w[NV][L::kTiles];
   block_tiles<L, NV>(wt.packed, grouped_tile_bytes(wt), t, tiles, w);
   const int8_t* q[MR];
@@ -28,7 +35,7 @@ __attribute__((noinline)) void grouped_rows_x_tiles(const GroupedProblem& p, int
   for (int64_t g = 0; g < groups; ++g) {
     I isum[MR][NV];
     _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
-      I start = L::splat(BITS == 8 ? -128 * p.group_sum[(i0 + r) * groups + g] : 0);
+      I start = L::splat((BITS == 8 ? -128 : MIN ? 0 : -8) * p.group_sum[(i0 + r) * groups + g]);
       _Pragma("GCC unroll 16") for (int j = 0; j < NV; ++j) isum[r][j] = start;
     }
     const int64_t k0 = g * wt.group;
@@ -50,15 +57,16 @@ __attribute__((noinline)) void grouped_rows_x_tiles(const GroupedProblem& p, int
     }
     const int64_t b = k0 / kGroupedActivationBlock;
     _Pragma("GCC unroll 16") for (int j = 0; j < NV; ++j) {
-      F scale = L::as_float(L::load(w[j], offset));
+      F scale = load_params<L>(w[j], offset, wt.f16_params);
       _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
         F a = L::fmadd(L::to_float(isum[r][j]), L::mul(scale, L::splat(p.x_scale[(i0 + r) * blocks + b])),
                        L::load_acc(acc[r][j]));
-        if constexpr (MIN) a = L::fmadd(L::splat(p.x_min[(i0 + r) * groups + g]), L::as_float(L::load(w[j], offset + 32)), a);
+        if constexpr (MIN)
+          a = L::fmadd(L::splat(p.x_min[(i0 + r) * groups + g]), load_params<L>(w[j], offset + param_bytes, wt.f16_params), a);
         L::store_acc(acc[r][j], a);
       }
     }
-    offset += MIN ? 64 : 32;
+    offset += MIN ? 2 * param_bytes : param_bytes;
   }
   _Pragma("GCC unroll 16") for (int j = 0; j < NV; ++j) {
     int64_t col;

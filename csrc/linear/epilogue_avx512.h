@@ -61,6 +61,11 @@ struct ZmmLanes {
   static constexpr int kDecodeTiles = 8, kPrefillRows = 8, kPrefillTiles = 4;
   static I load(const uint8_t* const* w, int64_t offset) { return load_pair(w[0], w[1], offset); }
   static I load_i16(const uint8_t* const* w, int64_t offset) { return load_pair_i16(w[0], w[1], offset); }
+  static F load_f16(const uint8_t* const* w, int64_t offset) {
+    __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w[0] + offset));
+    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(lo),
+                                                   _mm_loadu_si128(reinterpret_cast<const __m128i*>(w[1] + offset)), 1));
+  }
   static void dpbusd(I& acc, I u, const int8_t* q) { dpbusd_broadcast(acc, u, q); }
   static I low4(I v) { return _mm512_and_si512(v, _mm512_set1_epi8(0x0f)); }
   static I high4(I v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0f)); }

@@ -347,9 +347,21 @@ void check_weight_only(const std::vector<Isa>& isas, bool quick, std::vector<Tal
   }
 }
 
+// v made exact in fp16, as GGUF block scales are: its mantissa cut to 10 bits, or below the normal halves a
+// multiple of 2^-24.
+float exact_f16(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, 4);
+  bits &= ~((1u << 13) - 1u);
+  float truncated;
+  std::memcpy(&truncated, &bits, 4);
+  f16 h;
+  return float_to_f16_exact(truncated, &h) ? truncated : std::ldexp(std::round(std::ldexp(v, 24)), -24);
+}
+
 // grouped_linear (GGUF quant blocks): every variant equals the reference for int8 and 4-bit values, groups of
-// 16 and 32, with and without mins, x and out in both dtypes, on shapes whose N leaves a partial tile and
-// register block (all-zero activation rows included); packing round-trips.
+// 16 and 32, with and without mins, float32 and fp16 scales, x and out in both dtypes, on shapes whose N
+// leaves a partial tile and register block (all-zero activation rows included); packing round-trips.
 void check_grouped(const std::vector<Isa>& isas, bool quick, std::vector<Tally>& tallies, Tally& packing) {
   const std::vector<Shape> shapes = {{13, 64}, {37, 256}, {130, 640}, {2049, 96}};
   const std::vector<int64_t> ms = quick ? std::vector<int64_t>{1, 3, 17} : std::vector<int64_t>{1, 2, 3, 5, 8, 9, 17, 64};
@@ -357,40 +369,44 @@ void check_grouped(const std::vector<Isa>& isas, bool quick, std::vector<Tally>&
   for (Shape s : shapes)
     for (int bits : {8, 4})
       for (int64_t group : {16, 32})
-        for (bool has_min : {false, true}) {
-          std::uniform_int_distribution<int> value(bits == 8 ? -128 : 0, bits == 8 ? 127 : 15);
-          const int64_t groups = s.n * (s.k / group);
-          std::vector<int8_t> w(s.n * s.k);
-          for (auto& v : w) v = static_cast<int8_t>(value(rng));
-          std::vector<float> scale(groups), mins(groups), bias(s.n);
-          for (auto& v : scale) v = scale_dist(rng);
-          for (auto& v : mins) v = min_dist(rng);
-          for (auto& v : bias) v = bias_dist(rng);
-          GroupedWeight shape;
-          shape.n = s.n, shape.k = s.k, shape.group = group, shape.bits = bits, shape.has_min = has_min;
-          std::vector<uint8_t> packed(grouped_packed_bytes(shape));
-          grouped_pack(w.data(), scale.data(), has_min ? mins.data() : nullptr, shape, packed.data());
-          shape.packed = packed.data();
-          const std::string name = "grouped bits=" + std::to_string(bits) + " G=" + std::to_string(group) +
-                                   (has_min ? " min" : "") + " N=" + std::to_string(s.n) + " K=" + std::to_string(s.k);
-          std::vector<int8_t> w_back(w.size());
-          std::vector<float> scale_back(groups), mins_back(groups);
-          grouped_unpack(shape, w_back.data(), scale_back.data(), has_min ? mins_back.data() : nullptr);
-          expect_equal(packing, w_back.data(), w.data(), w.size(), name + " unpack values");
-          expect_equal(packing, scale_back.data(), scale.data(), groups * 4, name + " unpack scales");
-          if (has_min) expect_equal(packing, mins_back.data(), mins.data(), groups * 4, name + " unpack mins");
-          for (int64_t m : ms) {
-            std::vector<float> x = activations(m, s.k);
-            for (int variant = 0; variant < 4; variant += quick ? 3 : 1) {
-              DType xt = variant & 1 ? DType::bf16 : DType::f32, ot = variant & 2 ? DType::bf16 : DType::f32;
-              std::vector<uint8_t> xin = as_input(x, xt);
-              const float* b = variant == 1 ? nullptr : bias.data();
-              compare(tallies, isas, m * s.n * (ot == DType::f32 ? 4 : 2), name + " M=" + std::to_string(m) +
-                      " variant=" + std::to_string(variant),
-                      [&](void* out) { grouped_linear(xin.data(), xt, m, shape, b, out, ot); });
+        for (bool has_min : {false, true})
+          for (bool f16_params : {false, true}) {
+            const int lowest = bits == 8 ? -128 : has_min ? 0 : -8;  // 4-bit: 0..15 with mins, -8..7 without
+            std::uniform_int_distribution<int> value(lowest, bits == 8 ? 127 : lowest + 15);
+            const int64_t groups = s.n * (s.k / group);
+            std::vector<int8_t> w(s.n * s.k);
+            for (auto& v : w) v = static_cast<int8_t>(value(rng));
+            std::vector<float> scale(groups), mins(groups), bias(s.n);
+            for (auto& v : scale) v = f16_params ? exact_f16(scale_dist(rng)) : scale_dist(rng);
+            for (auto& v : mins) v = f16_params ? exact_f16(min_dist(rng)) : min_dist(rng);
+            for (auto& v : bias) v = bias_dist(rng);
+            GroupedWeight shape;
+            shape.n = s.n, shape.k = s.k, shape.group = group, shape.bits = bits, shape.has_min = has_min;
+            shape.f16_params = f16_params;
+            std::vector<uint8_t> packed(grouped_packed_bytes(shape));
+            grouped_pack(w.data(), scale.data(), has_min ? mins.data() : nullptr, shape, packed.data());
+            shape.packed = packed.data();
+            const std::string name = "grouped bits=" + std::to_string(bits) + " G=" + std::to_string(group) +
+                                     (has_min ? " min" : "") + (f16_params ? " f16" : "") + " N=" + std::to_string(s.n) +
+                                     " K=" + std::to_string(s.k);
+            std::vector<int8_t> w_back(w.size());
+            std::vector<float> scale_back(groups), mins_back(groups);
+            grouped_unpack(shape, w_back.data(), scale_back.data(), has_min ? mins_back.data() : nullptr);
+            expect_equal(packing, w_back.data(), w.data(), w.size(), name + " unpack values");
+            expect_equal(packing, scale_back.data(), scale.data(), groups * 4, name + " unpack scales");
+            if (has_min) expect_equal(packing, mins_back.data(), mins.data(), groups * 4, name + " unpack mins");
+            for (int64_t m : ms) {
+              std::vector<float> x = activations(m, s.k);
+              for (int variant = 0; variant < 4; variant += quick ? 3 : 1) {
+                DType xt = variant & 1 ? DType::bf16 : DType::f32, ot = variant & 2 ? DType::bf16 : DType::f32;
+                std::vector<uint8_t> xin = as_input(x, xt);
+                const float* b = variant == 1 ? nullptr : bias.data();
+                compare(tallies, isas, m * s.n * (ot == DType::f32 ? 4 : 2), name + " M=" + std::to_string(m) +
+                        " variant=" + std::to_string(variant),
+                        [&](void* out) { grouped_linear(xin.data(), xt, m, shape, b, out, ot); });
+              }
             }
           }
-        }
 }
 
 }  // namespace

@@ -114,6 +114,11 @@ def _float32_scale(scale, name: str) -> torch.Tensor:
     return scale.to(torch.float32).contiguous()
 
 
+def _exact_in_f16(values: torch.Tensor) -> bool:
+    """Whether every float32 value is exactly an fp16 number (NaN and out-of-range values are not)."""
+    return bool(torch.equal(values.to(torch.float16).to(torch.float32).view(torch.int32), values.view(torch.int32)))
+
+
 def _check_group(group_size: int, k: int) -> int:
     if group_size not in GROUP_SIZES:
         raise ValueError(f"group_size must be one of {GROUP_SIZES}, got {group_size}")
@@ -296,45 +301,52 @@ class WeightOnlyWeight:
 
 
 def packed_table_args(weight) -> tuple:
-    """(packed, format, n, k, group, bits, has_min) of a W4A8Weight or GroupedWeight used as an embedding
-    table (csrc/fused/fused.h PackedTable)."""
-    if isinstance(weight, W4A8Weight):
-        return weight.packed, "w4a8", weight.n, weight.k, weight.group_size, 4, False
+    """(packed, n, k, group, bits, has_min, f16_params) of a GroupedWeight used as an embedding table
+    (csrc/fused/fused.h packed_embedding)."""
     if isinstance(weight, GroupedWeight):
-        return weight.packed, "grouped", weight.n, weight.k, weight.group_size, weight.bits, weight.has_min
-    raise TypeError(f"an embedding table is a tensor, a W4A8Weight or a GroupedWeight, not {type(weight).__name__}")
+        return (weight.packed, weight.n, weight.k, weight.group_size, weight.bits, weight.has_min,
+                weight.f16_params)
+    raise TypeError(f"an embedding table is a tensor or a GroupedWeight, not {type(weight).__name__}")
 
 
 class GroupedWeight:
     """Weights [N, K] kept as a GGUF file's quant blocks (shrike.convert.gguf_blocks): int8 values (or 4-bit
-    ones in 0..15) with a float32 scale and optionally a float32 min per ``group_size`` (16 or 32) consecutive
-    K of a row, W[c, j] = scale[c, g] * values[c, j] - min[c, g]; run against int8 activations quantized per
-    32 K (csrc/grouped_linear/grouped_linear.h)."""
+    ones: 0..15 with mins, -8..7 without) with a scale and optionally a min per ``group_size`` (16 or 32)
+    consecutive K of a row, W[c, j] = scale[c, g] * values[c, j] - min[c, g]; run against int8 activations
+    quantized per 32 K (csrc/grouped_linear/grouped_linear.h). Scales and mins are held as fp16 when every one
+    is exact in fp16 (``f16_params``; the GGUF types with fp16 block scales), else as float32."""
 
-    def __init__(self, packed: torch.Tensor, n: int, k: int, group_size: int, bits: int, has_min: bool):
+    def __init__(self, packed: torch.Tensor, n: int, k: int, group_size: int, bits: int, has_min: bool,
+                 f16_params: bool):
         packed = _check_tensor(packed, "packed")
-        expected = _C.grouped_packed_bytes(n, k, group_size, bits, has_min)
+        expected = _C.grouped_packed_bytes(n, k, group_size, bits, has_min, f16_params)
         if packed.dtype != torch.uint8 or packed.shape != (expected,) or not packed.is_contiguous():
             raise ValueError(f"packed must be a contiguous uint8 tensor of shape ({expected},), got "
                              f"{packed.dtype} {tuple(packed.shape)}")
-        self.packed, self.n, self.k, self.group_size, self.bits, self.has_min = packed, n, k, group_size, bits, has_min
+        self.packed, self.n, self.k, self.group_size, self.bits = packed, n, k, group_size, bits
+        self.has_min, self.f16_params = has_min, f16_params
 
     @classmethod
     def from_values(cls, values: torch.Tensor, scale: torch.Tensor, min: torch.Tensor | None, group_size: int,
                     bits: int) -> "GroupedWeight":
-        """values (N, K) int8 (0..15 for bits 4), scale and min (N, K / group_size) float32 (min may be None)."""
+        """values (N, K) int8 (bits 4: 0..15 with a min, -8..7 without), scale and min (N, K / group_size)
+        float32 (min may be None)."""
         n, k = values.shape
-        packed = torch.empty(_C.grouped_packed_bytes(n, k, group_size, bits, min is not None), dtype=torch.uint8)
-        _C.grouped_pack(_check_tensor(values, "values").contiguous(), _float32_scale(scale, "scale"),
-                        None if min is None else _float32_scale(min, "min"), group_size, bits, packed)
-        return cls(packed, n, k, group_size, bits, min is not None)
+        scale = _float32_scale(scale, "scale")
+        min = None if min is None else _float32_scale(min, "min")
+        f16_params = all(_exact_in_f16(p) for p in (scale, min) if p is not None)
+        packed = torch.empty(_C.grouped_packed_bytes(n, k, group_size, bits, min is not None, f16_params),
+                             dtype=torch.uint8)
+        _C.grouped_pack(_check_tensor(values, "values").contiguous(), scale, min, group_size, bits, f16_params, packed)
+        return cls(packed, n, k, group_size, bits, min is not None, f16_params)
 
     def unpack(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """(values (N, K) int8, scale (N, K/G) float32, min (N, K/G) float32 or None)."""
         values = torch.empty(self.n, self.k, dtype=torch.int8)
         scale = torch.empty(self.n, self.k // self.group_size, dtype=torch.float32)
         min = torch.empty_like(scale) if self.has_min else None
-        _C.grouped_unpack(self.packed, self.n, self.k, self.group_size, self.bits, self.has_min, values, scale, min)
+        _C.grouped_unpack(self.packed, self.n, self.k, self.group_size, self.bits, self.has_min, self.f16_params,
+                          values, scale, min)
         return values, scale, min
 
     def dequantize(self) -> torch.Tensor:
@@ -345,7 +357,7 @@ class GroupedWeight:
 
     def __repr__(self) -> str:
         return (f"GroupedWeight(N={self.n}, K={self.k}, group_size={self.group_size}, bits={self.bits}, "
-                f"has_min={self.has_min})")
+                f"has_min={self.has_min}, f16_params={self.f16_params})")
 
 
 class DenseTileWeight:

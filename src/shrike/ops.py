@@ -36,7 +36,7 @@ OP_NAMES = ("embedding", "rmsnorm", "add_rmsnorm", "head_rmsnorm", "w4a8_linear"
 
 def embedding_reference(token_ids: torch.Tensor, table, out: torch.Tensor, scale: float) -> None:
     """out (T, hidden) = table[token_ids] (* scale, rounded to the table's dtype, when scale != 1). A packed
-    table (kernels.W4A8Weight or GroupedWeight, a GGUF file's blocks) gives its rows as the bf16 conversion of
+    table (kernels.GroupedWeight, a GGUF file's blocks) gives its rows as the bf16 conversion of
     the blocks holds them: each dequantized in float32 from the unpacked values, rounded to bf16."""
     if not isinstance(table, torch.Tensor):
         out.copy_(_packed_rows(table, token_ids).to(torch.bfloat16).to(out.dtype))
@@ -49,9 +49,8 @@ def embedding_reference(token_ids: torch.Tensor, table, out: torch.Tensor, scale
 
 
 def _packed_rows(table, token_ids: torch.Tensor) -> torch.Tensor:
-    """(T, K) float32 rows of a packed table: W4A8 (value * scale) or grouped (value * scale - min)."""
-    from shrike.kernels import W4A8Weight
-    values, scale, min = (*table.unpack(), None) if isinstance(table, W4A8Weight) else table.unpack()
+    """(T, K) float32 rows of a grouped table: value * scale (- min)."""
+    values, scale, min = table.unpack()
     group = table.group_size
     rows = values[token_ids].reshape(len(token_ids), -1, group).float() * scale[token_ids][..., None]
     if min is not None:
@@ -412,7 +411,8 @@ def weight_only_linear_kernel(x: torch.Tensor, weight, bias: torch.Tensor | None
 
 
 def grouped_linear_kernel(x: torch.Tensor, weight, bias: torch.Tensor | None, out: torch.Tensor) -> None:
-    _C.grouped_linear(x, weight.packed, weight.n, weight.group_size, weight.bits, weight.has_min, bias, out)
+    _C.grouped_linear(x, weight.packed, weight.n, weight.group_size, weight.bits, weight.has_min, weight.f16_params,
+                      bias, out)
 
 
 def dense_linear_kernel(x: torch.Tensor, weight, bias: torch.Tensor | None, out: torch.Tensor) -> None:

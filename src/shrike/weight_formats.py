@@ -60,7 +60,8 @@ FORMATS = {
         WeightFormat("weight_only", "weight_only_linear", (WeightOnlyWeight,), _weight_only_tape_linear,
                      _weight_only_bytes),
         WeightFormat("grouped", "grouped_linear", (GroupedWeight,),
-                     lambda w, bias: _C.TapeLinear.grouped(w.packed, w.n, w.k, w.group_size, w.bits, w.has_min, bias),
+                     lambda w, bias: _C.TapeLinear.grouped(w.packed, w.n, w.k, w.group_size, w.bits, w.has_min,
+                                                           w.f16_params, bias),
                      _packed_bytes),
     )
 }

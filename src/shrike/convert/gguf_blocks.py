@@ -4,7 +4,8 @@ grouped kernels read (csrc/grouped_linear), without changing a single weight.
 Every type here dequantizes as W[n, j] = scale[n, g] * values[n, j] - min[n, g] (g = j // group),
 computed in float32 exactly as `gguf.quants.dequantize` computes it: the products d * sc and
 dmin * m of the K-quants are exact in float32, so scale and min are those products and the
-dequantized weights are equal bit for bit.
+dequantized weights are equal bit for bit. Where every scale and min of a weight is exact in fp16 (the
+types whose blocks hold fp16 scales), the packed weight keeps them as fp16, the file's own size.
 
 | type   | group | values        | scale        | min        |
 |--------|-------|---------------|--------------|------------|
@@ -36,7 +37,7 @@ class GroupedBlocks:
     scale: np.ndarray  # (n, k // group) float32
     min: np.ndarray | None  # (n, k // group) float32, or None when the type has no min
     group: int  # 16 or 32
-    bits: int  # 4 when every value is in 0..15 by the type's definition, else 8
+    bits: int  # 4 when every value fits a nibble by the type's definition (0..15 with a min, -8..7 without), else 8
     type_name: str  # the GGUF type they came from
 
     def dequantize(self) -> np.ndarray:
@@ -155,7 +156,7 @@ def _iq4_xs(b):
 
 # type -> (block bytes, values per block, group, bits, decoder)
 TYPES = {
-    T.Q4_0: (18, 32, 32, 8, _q4_0),
+    T.Q4_0: (18, 32, 32, 4, _q4_0),
     T.Q4_1: (20, 32, 32, 4, _q4_1),
     T.Q5_0: (22, 32, 32, 8, _q5_0),
     T.Q5_1: (24, 32, 32, 8, _q5_1),

@@ -127,7 +127,7 @@ class CompiledTape:
             token_ids, table, out, scale = a
             if isinstance(table, torch.Tensor):
                 exe.embedding(out.id, table, scale)
-            else:  # a GGUF file's blocks (kernels.W4A8Weight or GroupedWeight)
+            else:  # a GGUF file's blocks (kernels.GroupedWeight)
                 exe.packed_embedding(out.id, *packed_table_args(table), scale, _DTYPE_NAMES[out.dtype])
         elif op == "rmsnorm":
             x, weight, out, eps = a

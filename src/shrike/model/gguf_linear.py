@@ -2,14 +2,13 @@
 
 The make_linear of a model loaded from a GGUF file's conversion: a linear whose tensors are of a type
 in convert.gguf_blocks.TYPES is built from the file's quant blocks, repacked losslessly, instead of
-from the bf16 conversion. Layers all in Q4_0 become W4A8 with groups of 32 (the same numbers: int4 in
-[-8, 7] with one scale per 32); every other mix becomes a grouped weight (kernels.GroupedWeight), in
-groups of 16 when any part has them (a group of 32 is two of 16 with the same scale and min), 4-bit
-when every part is. Layers of other types (F16, BF16, F32, Q2_K, Q3_K, the other i-quants) load from
-the bf16 conversion as before. The lm_head (output.weight, or the tied token_embd.weight) runs from the
-file's blocks when its type has a kernel; the embedding table is then read by rows from the same packed
-blocks (kernels.packed_table_args), dequantized as the bf16 conversion holds them, so a tied table is held
-once and in the file's size.
+from the bf16 conversion. Every mix becomes a grouped weight (kernels.GroupedWeight), in groups of 16
+when any part has them (a group of 32 is two of 16 with the same scale and min), 4-bit when every part
+is and all or none of them have mins. Layers of other types (F16, BF16, F32, Q2_K, Q3_K, the other
+i-quants) load from the bf16 conversion as before. The lm_head (output.weight, or the tied
+token_embd.weight) runs from the file's blocks when its type has a kernel; the embedding table is then
+read by rows from the same packed blocks (kernels.packed_table_args), dequantized as the bf16 conversion
+holds them, so a tied table is held once and in the file's size.
 Mixture-of-experts files merge each layer's experts into one tensor per projection (ffn_*_exps,
 (experts, rows, row bytes)); each expert's linear is its slice of that tensor.
 """
@@ -25,7 +24,7 @@ import torch
 from shrike.convert.gguf import open_gguf
 from shrike.convert.gguf_blocks import TYPES, GroupedBlocks, grouped_blocks
 from shrike.convert.llama_weights import LAYER_NAMES, undo_rope_permutation
-from shrike.kernels import GroupedWeight, W4A8Weight
+from shrike.kernels import GroupedWeight
 from shrike.layers.linear import DenseLinear
 from shrike.layers.lm_head import LMHead
 from shrike.model.config import ModelConfig
@@ -145,10 +144,6 @@ class GGUFLinearFactory:
 
 def _weight(blocks: list[GroupedBlocks]) -> tuple[object, str]:
     """One packed weight for parts fused along the output, and its format."""
-    if all(b.type_name == "Q4_0" for b in blocks):
-        values = torch.from_numpy(np.concatenate([b.values for b in blocks]))
-        scale = torch.from_numpy(np.concatenate([b.scale for b in blocks]))
-        return W4A8Weight.from_int8(values, scale, 32), "w4a8"
     group = min(b.group for b in blocks)
     blocks = [b.regrouped(group) if b.group != group else b for b in blocks]
     has_min = any(b.min is not None for b in blocks)
@@ -156,5 +151,6 @@ def _weight(blocks: list[GroupedBlocks]) -> tuple[object, str]:
     scale = torch.from_numpy(np.concatenate([b.scale for b in blocks]))
     mins = torch.from_numpy(np.concatenate([b.min if b.min is not None else np.zeros_like(b.scale)
                                             for b in blocks])) if has_min else None
-    bits = 4 if all(b.bits == 4 for b in blocks) else 8
+    # 4-bit values without a min are -8..7 and with one 0..15: a mix of both takes int8 values
+    bits = 4 if all(b.bits == 4 and (b.min is not None) == has_min for b in blocks) else 8
     return GroupedWeight.from_values(values, scale, mins, group, bits), "grouped"
