@@ -37,8 +37,10 @@ def stored(qtype: Q, rows: int, cols: int, seed: int) -> np.ndarray:
 def packed_form(qtype: Q, data: np.ndarray, rows: int, cols: int) -> GroupedWeight:
     blocks = grouped_blocks(data, qtype, rows, cols)
     mins = None if blocks.min is None else torch.from_numpy(blocks.min)
+    def tensor(a):
+        return None if a is None else torch.from_numpy(a)
     return GroupedWeight.from_values(torch.from_numpy(blocks.values), torch.from_numpy(blocks.scale), mins,
-                                     blocks.group, blocks.bits)
+                                     blocks.group, blocks.bits, tensor(blocks.d), tensor(blocks.dmin))
 
 
 @pytest.mark.parametrize("qtype", list(TYPES), ids=[t.name for t in TYPES])
@@ -47,8 +49,8 @@ def test_repacked_weights_dequantize_to_the_gguf_values_bit_for_bit(qtype):
     data = stored(qtype, rows, cols, seed=int(qtype))
     expected = gguf.quants.dequantize(data, qtype).reshape(rows, cols).astype(np.float32)
     weight = packed_form(qtype, data, rows, cols)
-    # the types whose blocks hold fp16 scales keep them so, at the file's size
-    assert weight.f16_params == (qtype in {Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0})
+    # the types whose blocks hold fp16 scales keep them so, and the superblock types their factors: the file's form
+    assert weight.params == ("float16" if qtype in {Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0} else "factored")
     got = weight.dequantize()
     assert np.isfinite(expected).all() and np.abs(expected).max() > 0
     assert np.array_equal(got.numpy().view(np.uint32), expected.view(np.uint32))
@@ -56,18 +58,24 @@ def test_repacked_weights_dequantize_to_the_gguf_values_bit_for_bit(qtype):
 
 @pytest.mark.parametrize("bits,group,has_min", [(8, 32, False), (8, 16, False), (8, 32, True), (4, 32, True),
                                                 (4, 16, True), (4, 32, False)])
-@pytest.mark.parametrize("f16_params", [False, True], ids=["f32-scales", "f16-scales"])
+@pytest.mark.parametrize("params", ["float32", "float16", "factored"])
 @pytest.mark.parametrize("rows", [1, 3, 19])
-def test_grouped_kernel_equals_its_reference_bit_for_bit(bits, group, has_min, f16_params, rows):
+def test_grouped_kernel_equals_its_reference_bit_for_bit(bits, group, has_min, params, rows):
     torch.manual_seed(rows)
-    n, k = 45, 640
+    n, k = 45, 768
     low = -128 if bits == 8 else 0 if has_min else -8
     values = torch.randint(low, 128 if bits == 8 else low + 16, (n, k), dtype=torch.int8)
     scale, mins = torch.rand(n, k // group) * 0.01, torch.rand(n, k // group) * 0.05 if has_min else None
-    if f16_params:
+    d = dmin = None
+    if params == "float16":
         scale, mins = scale.half().float(), None if mins is None else mins.half().float()
-    weight = GroupedWeight.from_values(values, scale, mins, group, bits)
-    assert weight.f16_params == f16_params
+    if params == "factored":  # as the K-quants: fp16 d (dmin) per 256 K times an int8 factor per group
+        d, dmin = (torch.rand(n, k // 256) * 1e-4).half().float(), (torch.rand(n, k // 256) * 5e-4).half().float()
+        def factored(sb):
+            return sb.repeat_interleave(256 // group, dim=1) * torch.randint(-128, 128, (n, k // group)).float()
+        scale, mins, dmin = factored(d), factored(dmin) if has_min else None, dmin if has_min else None
+    weight = GroupedWeight.from_values(values, scale, mins, group, bits, d, dmin)
+    assert weight.params == params
     x, bias = torch.randn(rows, k).bfloat16(), torch.randn(n)
     x[0, :32] = 0  # an all-zero activation block
     got, want = torch.empty(rows, n, dtype=torch.bfloat16), torch.empty(rows, n, dtype=torch.bfloat16)
@@ -129,8 +137,8 @@ def test_mixed_types_give_the_logits_of_their_dequantized_weights_with_the_same_
     weights = [getattr(layer, name).weight for layer in native.runner.model.layers for name in names]
     assert all(isinstance(w, GroupedWeight) for w in weights)
     # the all-Q4_0 layer (q, k, v of layer 0) is 4-bit with fp16 scales; mixes of fp16 and K-quant scales are not
-    assert (weights[0].bits, weights[0].has_min, weights[0].f16_params) == (4, False, True)
-    assert {w.f16_params for w in weights} == {False, True}
+    assert (weights[0].bits, weights[0].has_min, weights[0].params) == (4, False, "float16")
+    assert {w.params for w in weights} == {"float32", "float16", "factored"}
     tokens = list(range(3, 40))
     bf16_logits = _logits(converted, tokens)
     ops = converted.runner.model.ops
@@ -196,7 +204,7 @@ def test_packed_embedding_rejects_a_table_of_another_shape_and_ids_outside_it():
     with pytest.raises(ValueError, match="token id outside the table"):
         embedding_kernel(torch.tensor([16]), packed, out, 1.0)
     with pytest.raises(ValueError, match="packed must be"):
-        _C.packed_embedding(torch.tensor([0]), packed.packed[:-1], 16, 64, 32, 8, False, True, out, 1.0)
+        _C.packed_embedding(torch.tensor([0]), packed.packed[:-1], 16, 64, 32, 8, False, 1, out, 1.0)
 
 
 # (token_embd type, output.weight type or None for a tied head)

@@ -16,11 +16,12 @@ namespace {
 void grouped_row(const GroupedWeight& w, int64_t row, float* out) {
   const int r = static_cast<int>(row % kTileRows);
   const int stored_offset = grouped_stored_offset(w);
-  const uint8_t* group = w.packed + row / kTileRows * grouped_tile_bytes(w);
-  for (int64_t g0 = 0; g0 < w.k; g0 += w.group, group += grouped_group_bytes(w)) {
-    const uint8_t* params = group + grouped_value_bytes(w.group, w.bits);
-    const float scale = grouped_param(params, r, w.f16_params);
-    const float min = w.has_min ? grouped_param(params + grouped_param_bytes(w), r, w.f16_params) : 0.0f;
+  const uint8_t* tile = w.packed + row / kTileRows * grouped_tile_bytes(w);
+  for (int64_t g = 0; g < w.k / w.group; ++g) {
+    const uint8_t* group = tile + grouped_group_offset(w, g);
+    const int64_t g0 = g * w.group;
+    float scale, min;
+    grouped_scale_min(w, tile, g, r, scale, min);
     for (int64_t j = 0; j < w.group; ++j) {
       int value;
       if (w.bits == 8) {

@@ -63,6 +63,10 @@ void check_grouped_shape(const GroupedWeight& w) {
   if (w.bits != 4 && w.bits != 8) throw std::invalid_argument("grouped: bits must be 4 or 8");
   if (w.k <= 0 || w.k % kGroupedActivationBlock != 0)
     throw std::invalid_argument("grouped: K=" + std::to_string(w.k) + " is not a positive multiple of 32");
+  const int form = static_cast<int>(w.params);
+  if (form < 0 || form > 2) throw std::invalid_argument("grouped: params must be 0 (float32), 1 (fp16) or 2 (factored)");
+  if (grouped_factored(w) && w.k % kGroupedSuperblock != 0)
+    throw std::invalid_argument("grouped: factored params need K to be a multiple of 256, got K=" + std::to_string(w.k));
 }
 
 const char* grouped_variant(int64_t m) { return isa_name(pick_variant(kGrouped, GroupedCall{m}).level); }
@@ -105,9 +109,60 @@ void grouped_linear(const void* x, DType x_dtype, int64_t m, const GroupedWeight
                         [&](int64_t t) { kernel(p, t * per_task, std::min(tiles, (t + 1) * per_task)); });
 }
 
-void grouped_pack(const int8_t* w, const float* scale, const float* min, const GroupedWeight& shape, uint8_t* packed) {
+namespace {
+// The int8 factor f whose product d * f has v's bits, or false. A zero d takes 0 or -1, whichever gives v's
+// sign of zero (Q6_K's d * sc is -0 for a zero d and a negative sc).
+bool exact_factor(float v, float d, int8_t* out) {
+  const float f = d == 0.0f ? (std::signbit(v) == std::signbit(d) ? 0.0f : -1.0f) : std::nearbyint(v / d);
+  if (!(f >= -128.0f && f <= 127.0f)) return false;
+  const float product = d * f;
+  if (std::memcmp(&product, &v, 4) != 0) return false;
+  *out = static_cast<int8_t>(f);
+  return true;
+}
+
+// Writes `v` (8 rows) at `at` in the weight's parameter form; `header` holds the superblock's d (or dmin).
+void store_params(const GroupedWeight& w, const float* v, const float* header, uint8_t* at) {
+  for (int r = 0; r < kTileRows; ++r) {
+    if (w.params == GroupedParams::kFloat32) {
+      std::memcpy(at + 4 * r, &v[r], 4);
+    } else if (w.params == GroupedParams::kFloat16) {
+      f16 h = 0;
+      float_to_f16_exact(v[r], &h);
+      std::memcpy(at + 2 * r, &h, 2);
+    } else {
+      int8_t f = 0;
+      exact_factor(v[r], header[r], &f);
+      at[r] = static_cast<uint8_t>(f);
+    }
+  }
+}
+
+void check_params(const GroupedWeight& shape, const float* scale, const float* min, const float* d, const float* dmin) {
+  const int64_t n = shape.n, groups = shape.k / shape.group, per = kGroupedSuperblock / shape.group;
+  if (grouped_factored(shape) != (d != nullptr) || (grouped_factored(shape) && shape.has_min != (dmin != nullptr)))
+    throw std::invalid_argument("grouped: pass d (and dmin with mins) exactly for factored params");
+  f16 h;
+  int8_t f;
+  for (int64_t i = 0; i < n * groups; ++i) {
+    if (shape.params == GroupedParams::kFloat16 &&
+        (!float_to_f16_exact(scale[i], &h) || (min && !float_to_f16_exact(min[i], &h))))
+      throw std::invalid_argument("grouped: a scale or min is not exact in fp16; pack with float32 params");
+    if (grouped_factored(shape)) {
+      const int64_t sb = i / groups * (shape.k / kGroupedSuperblock) + i % groups / per;
+      if (!float_to_f16_exact(d[sb], &h) || (dmin && !float_to_f16_exact(dmin[sb], &h)))
+        throw std::invalid_argument("grouped: a superblock d or dmin is not exact in fp16");
+      if (!exact_factor(scale[i], d[sb], &f) || (min && !exact_factor(min[i], dmin[sb], &f)))
+        throw std::invalid_argument("grouped: a scale or min is not its superblock's d times an int8 factor");
+    }
+  }
+}
+}  // namespace
+
+void grouped_pack(const int8_t* w, const float* scale, const float* min, const float* d, const float* dmin,
+                  const GroupedWeight& shape, uint8_t* packed) {
   check_grouped_shape(shape);
-  const int64_t n = shape.n, k = shape.k, group = shape.group, groups = k / group;
+  const int64_t n = shape.n, k = shape.k, group = shape.group, groups = k / group, superblocks = k / kGroupedSuperblock;
   if (shape.has_min != (min != nullptr)) throw std::invalid_argument("grouped: mins given without has_min or missing");
   const int lowest = shape.bits == 8 ? -128 : shape.has_min ? 0 : -8, stored_add = -grouped_stored_offset(shape);
   if (shape.bits == 4)
@@ -115,16 +170,23 @@ void grouped_pack(const int8_t* w, const float* scale, const float* min, const G
       if (w[i] < lowest || w[i] > lowest + 15)
         throw std::invalid_argument("grouped: 4-bit value " + std::to_string(w[i]) + " is outside " +
                                     std::to_string(lowest) + ".." + std::to_string(lowest + 15));
-  if (shape.f16_params) {
-    f16 h;
-    for (int64_t i = 0; i < n * groups; ++i)
-      if (!float_to_f16_exact(scale[i], &h) || (min && !float_to_f16_exact(min[i], &h)))
-        throw std::invalid_argument("grouped: a scale or min is not exact in fp16; pack with float32 params");
-  }
+  check_params(shape, scale, min, d, dmin);
   const int64_t param_bytes = grouped_param_bytes(shape);
   runtime::parallel_for(tile_count(n), [&](int64_t t) {
-    uint8_t* block = packed + t * grouped_tile_bytes(shape);
-    for (int64_t g = 0; g < groups; ++g, block += grouped_group_bytes(shape)) {
+    uint8_t* tile = packed + t * grouped_tile_bytes(shape);
+    float sd[kTileRows] = {}, md[kTileRows] = {};  // the superblock's d and dmin per row
+    for (int64_t g = 0; g < groups; ++g) {
+      if (grouped_opens_superblock(shape, g))
+        for (int r = 0; r < kTileRows; ++r) {
+          const int64_t row = t * kTileRows + r, sb = row * superblocks + g * group / kGroupedSuperblock;
+          sd[r] = row < n ? d[sb] : 0.0f, md[r] = row < n && dmin ? dmin[sb] : 0.0f;
+          f16 hd = 0, hm = 0;
+          float_to_f16_exact(sd[r], &hd), float_to_f16_exact(md[r], &hm);
+          uint8_t* header = tile + grouped_header_offset(shape, g);
+          std::memcpy(header + 2 * r, &hd, 2);
+          if (shape.has_min) std::memcpy(header + 2 * (kTileRows + r), &hm, 2);
+        }
+      uint8_t* block = tile + grouped_group_offset(shape, g);
       float s[kTileRows] = {}, mn[kTileRows] = {};
       for (int r = 0; r < kTileRows; ++r) {
         const int64_t row = t * kTileRows + r;
@@ -141,17 +203,8 @@ void grouped_pack(const int8_t* w, const float* scale, const float* min, const G
         }
       }
       uint8_t* params = block + grouped_value_bytes(group, shape.bits);
-      for (int r = 0; r < kTileRows; ++r) {
-        if (shape.f16_params) {
-          f16 hs = 0, hm = 0;
-          float_to_f16_exact(s[r], &hs), float_to_f16_exact(mn[r], &hm);
-          std::memcpy(params + 2 * r, &hs, 2);
-          if (shape.has_min) std::memcpy(params + param_bytes + 2 * r, &hm, 2);
-        } else {
-          std::memcpy(params + 4 * r, &s[r], 4);
-          if (shape.has_min) std::memcpy(params + param_bytes + 4 * r, &mn[r], 4);
-        }
-      }
+      store_params(shape, s, sd, params);
+      if (shape.has_min) store_params(shape, mn, md, params + param_bytes);
     }
   });
 }
@@ -162,8 +215,9 @@ void grouped_unpack(const GroupedWeight& shape, int8_t* w, float* scale, float* 
   const int stored_offset = grouped_stored_offset(shape);
   for (int64_t row = 0; row < shape.n; ++row) {
     const int r = static_cast<int>(row % kTileRows);
-    const uint8_t* block = shape.packed + row / kTileRows * grouped_tile_bytes(shape);
-    for (int64_t g = 0; g < groups; ++g, block += grouped_group_bytes(shape)) {
+    const uint8_t* tile = shape.packed + row / kTileRows * grouped_tile_bytes(shape);
+    for (int64_t g = 0; g < groups; ++g) {
+      const uint8_t* block = tile + grouped_group_offset(shape, g);
       for (int64_t j = 0; j < group; ++j) {
         int8_t v;
         if (shape.bits == 8) {
@@ -174,9 +228,10 @@ void grouped_unpack(const GroupedWeight& shape, int8_t* w, float* scale, float* 
         }
         w[row * k + g * group + j] = v;
       }
-      const uint8_t* params = block + grouped_value_bytes(group, shape.bits);
-      scale[row * groups + g] = grouped_param(params, r, shape.f16_params);
-      if (shape.has_min) min[row * groups + g] = grouped_param(params + grouped_param_bytes(shape), r, shape.f16_params);
+      float s, m;
+      grouped_scale_min(shape, tile, g, r, s, m);
+      scale[row * groups + g] = s;
+      if (shape.has_min) min[row * groups + g] = m;
     }
   }
 }

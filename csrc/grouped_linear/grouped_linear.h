@@ -3,9 +3,11 @@
 // consecutive K of an output row, each group with a scale and, optionally, a min:
 //   W[n, j] = scale[n, g] * w[n, j] - min[n, g]      (g = j / G)
 // 4-bit values are 0..15 with mins (Q4_1, Q4_K) and -8..7 without (Q4_0). Scales and mins are held
-// as float32, or as fp16 where every one of the weight is exact in fp16 (the types whose blocks hold
-// fp16 scales: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), which is the file's own size. Every type of
-// shrike.convert.gguf_blocks holds exactly in this form (that module says how).
+// (GroupedParams) as float32; as fp16 where every one of the weight is exact in fp16 (the types whose
+// blocks hold fp16 scales: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0); or factored as the K-quants and IQ4_XS store
+// them: an fp16 d (and dmin) per superblock of 256 K of a row times an int8 factor per group,
+// scale = float(d) * float(factor), a product of 11 and 8 significant bits and so exact in float32.
+// Every type of shrike.convert.gguf_blocks holds exactly in one of these forms (that module says how).
 //
 // The activations are quantized as llama.cpp's Q8_0: symmetric int8 per block of 32 K of a row,
 // x_scale = max|x| / 127, q = round_half_even(x * (127 / max|x|)) (0 for an all-zero block). Per weight
@@ -13,8 +15,8 @@
 //   acc = fma(float(isum_g), scale[n, g] * x_scale[m, b], acc)       (b = the group's 32-block)
 //   acc = fma(x_min[m, g], min[n, g], acc)                           (with mins only)
 //   y = acc + (bias[n] or 0)
-// where x_min[m, g] = -float(sum of q over the group) * x_scale[m, b], computed once per row, and fp16
-// scales and mins are widened to float32 first (exactly).
+// where x_min[m, g] = -float(sum of q over the group) * x_scale[m, b], computed once per row, and
+// scale and min are first made float32 exactly (widened from fp16, or the factored product).
 // Every variant follows these float steps exactly, so all agree bit for bit with the reference.
 #pragma once
 #include <cstdint>
@@ -24,6 +26,9 @@
 namespace shrike {
 
 constexpr int64_t kGroupedActivationBlock = 32;
+constexpr int64_t kGroupedSuperblock = 256;  // K of a factored weight's d and dmin
+
+enum class GroupedParams : int { kFloat32 = 0, kFloat16 = 1, kFactored = 2 };
 
 struct GroupedWeight {
   const uint8_t* packed = nullptr;  // grouped_layout.h
@@ -31,7 +36,7 @@ struct GroupedWeight {
   int64_t group = 32;  // 16 or 32
   int bits = 8;        // 8: int8 values; 4: values 0..15 with mins (Q4_1, Q4_K), -8..7 without (Q4_0)
   bool has_min = false;
-  bool f16_params = false;  // scales and mins held as fp16 (else float32)
+  GroupedParams params = GroupedParams::kFloat32;  // how scales and mins are held
 };
 
 // x: (m, k) float32/bfloat16; bias (n,) float32 or null; out (m, n). Requires k % 32 == 0.

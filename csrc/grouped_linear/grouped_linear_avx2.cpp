@@ -13,17 +13,12 @@
 #include "common/bf16_avx2.h"
 #include "common/lanes_avx2.h"
 #include "grouped_linear/grouped_layout.h"
+#include "grouped_linear/grouped_params_x86.h"
 #include "linear/epilogue_avx2.h"
 
 namespace shrike::avx2 {
 
 namespace {
-
-// A tile's 8 scales (or mins), float32 or fp16.
-inline __m256 load_params(const uint8_t* p, bool f16_params) {
-  if (f16_params) return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  return _mm256_loadu_ps(reinterpret_cast<const float*>(p));
-}
 
 // MR rows x one 8-column tile over all of K.
 template <int BITS, bool MIN, int MR>
@@ -31,13 +26,15 @@ void rows_x_tile(const GroupedProblem& p, int64_t i0, int64_t t) {
   const GroupedWeight& wt = p.w;
   const int64_t groups = wt.k / wt.group, blocks = wt.k / kGroupedActivationBlock;
   const uint8_t* w = wt.packed + t * grouped_tile_bytes(wt);
-  const int64_t param_bytes = grouped_param_bytes(wt);
+  const int64_t param_bytes = grouped_param_bytes(wt), header_bytes = grouped_header_bytes(wt);
+  const uint8_t* header = w;  // the superblock's d (factored)
   const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
   const int8_t* q[MR];
   for (int r = 0; r < MR; ++r) q[r] = p.q + (i0 + r) * wt.k;
   __m256 acc[MR];
   for (int r = 0; r < MR; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
+    if (grouped_opens_superblock(wt, g)) header = w, w += header_bytes;
     const int64_t k0 = g * wt.group;
     __m256i isum[MR];
     if constexpr (BITS == 4) {
@@ -68,14 +65,14 @@ void rows_x_tile(const GroupedProblem& p, int64_t i0, int64_t t) {
         }
       }
     }
-    const __m256 scale = load_params(w, wt.f16_params);
+    const __m256 scale = load_params(w, header, wt.params);
     const int64_t b = k0 / kGroupedActivationBlock;
     for (int r = 0; r < MR; ++r) {
       const int64_t i = i0 + r;
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(scale, _mm256_set1_ps(p.x_scale[i * blocks + b])),
                                acc[r]);
       if constexpr (MIN)
-        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(p.x_min[i * groups + g]), load_params(w + param_bytes, wt.f16_params),
+        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(p.x_min[i * groups + g]), load_params(w + param_bytes, header + 2 * kTileRows, wt.params),
                                  acc[r]);
     }
     w += MIN ? 2 * param_bytes : param_bytes;

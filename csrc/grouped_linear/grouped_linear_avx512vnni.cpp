@@ -3,6 +3,7 @@
 // (linear/decode_avx512.h); everything else takes grouped_walk_x86.h's register blocks: two
 // adjacent tiles (16 output columns) per zmm.
 #include "grouped_linear/grouped_layout.h"
+#include "grouped_linear/grouped_params_x86.h"
 #include "grouped_linear/grouped_walk_x86.h"
 #include "linear/decode_avx512.h"
 #include "linear/epilogue_avx512.h"
@@ -10,20 +11,16 @@
 namespace shrike::avx512vnni {
 namespace {
 
-// A tile's 8 scales (or mins), float32 or fp16.
-inline __m256 load_params(const uint8_t* p, bool f16_params) {
-  if (f16_params) return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  return _mm256_loadu_ps(reinterpret_cast<const float*>(p));
-}
-
 template <int BITS, bool MIN, int MR>
 __attribute__((noinline)) void grouped_decode_tile(const GroupedProblem& p, int64_t t) {
   const GroupedWeight& wt = p.w;
   const int64_t groups = wt.k / wt.group, blocks = wt.k / kGroupedActivationBlock, param_bytes = grouped_param_bytes(wt);
   const uint8_t* w = wt.packed + t * grouped_tile_bytes(wt);
+  const uint8_t* header = w;  // the superblock's d (factored)
   __m256 acc[MR];
   _Pragma("GCC unroll 4") for (int r = 0; r < MR; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
+    if (grouped_opens_superblock(wt, g)) header = w, w += grouped_header_bytes(wt);
     const int8_t* x[MR];
     __m256i isum[MR];
     _Pragma("GCC unroll 4") for (int r = 0; r < MR; ++r) {
@@ -32,8 +29,8 @@ __attribute__((noinline)) void grouped_decode_tile(const GroupedProblem& p, int6
     }
     if constexpr (BITS == 8) byte_group<MR>(w, grouped_value_bytes(wt.group, 8), x, isum);
     else nibble_group<MR>(w, grouped_value_bytes(wt.group, 4), x, isum);
-    __m256 scale = load_params(w, wt.f16_params);
-    __m256 min = MIN ? load_params(w + param_bytes, wt.f16_params) : _mm256_setzero_ps();
+    __m256 scale = load_params(w, header, wt.params);
+    __m256 min = MIN ? load_params(w + param_bytes, header + 2 * kTileRows, wt.params) : _mm256_setzero_ps();
     w += MIN ? 2 * param_bytes : param_bytes;
     const int64_t b = g * wt.group / kGroupedActivationBlock;
     _Pragma("GCC unroll 4") for (int r = 0; r < MR; ++r) {

@@ -13,9 +13,19 @@ namespace shrike::dotprod {
 
 namespace {
 
-// Half h (rows 4h..4h+3) of a tile's 8 scales (or mins), float32 or fp16.
-inline float32x4_t load_params(const uint8_t* p, int h, bool f16_params) {
-  if (f16_params) return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(reinterpret_cast<const uint16_t*>(p) + 4 * h)));
+inline float32x4_t load_f16x4(const uint8_t* p, int h) {
+  return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(reinterpret_cast<const uint16_t*>(p) + 4 * h)));
+}
+
+// Half h (rows 4h..4h+3) of a tile's 8 scales (or mins) in the weight's form; header: a factored
+// weight's superblock d (or dmin).
+inline float32x4_t load_params(const uint8_t* p, const uint8_t* header, int h, GroupedParams form) {
+  if (form == GroupedParams::kFloat16) return load_f16x4(p, h);
+  if (form == GroupedParams::kFactored) {  // d * factor, exact in float32
+    const int16x8_t factors = vmovl_s8(vld1_s8(reinterpret_cast<const int8_t*>(p)));
+    const int32x4_t half = vmovl_s16(h == 0 ? vget_low_s16(factors) : vget_high_s16(factors));
+    return vmulq_f32(load_f16x4(header, h), vcvtq_f32_s32(half));
+  }
   return vld1q_f32(reinterpret_cast<const float*>(p) + 4 * h);
 }
 
@@ -24,10 +34,12 @@ void rows_x_tile(const GroupedProblem& p, int64_t i0, int64_t t) {
   const GroupedWeight& wt = p.w;
   const int64_t groups = wt.k / wt.group, blocks = wt.k / kGroupedActivationBlock, param_bytes = grouped_param_bytes(wt);
   const uint8_t* w = wt.packed + t * grouped_tile_bytes(wt);
+  const uint8_t* header = w;  // the superblock's d (factored)
   const uint8x16_t low4 = vdupq_n_u8(0x0f);
   float32x4_t acc[MR][2];
   for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = vdupq_n_f32(0.f);
   for (int64_t g = 0; g < groups; ++g) {
+    if (grouped_opens_superblock(wt, g)) header = w, w += grouped_header_bytes(wt);
     const int64_t k0 = g * wt.group;
     int32x4_t isum[MR][2];
     for (int r = 0; r < MR; ++r)  // 4-bit values without mins are stored w + 8
@@ -58,8 +70,8 @@ void rows_x_tile(const GroupedProblem& p, int64_t i0, int64_t t) {
     const int64_t b = k0 / kGroupedActivationBlock;
     float32x4_t scale[2], min[2];
     for (int h = 0; h < 2; ++h) {
-      scale[h] = load_params(w, h, wt.f16_params);
-      if constexpr (MIN) min[h] = load_params(w + param_bytes, h, wt.f16_params);
+      scale[h] = load_params(w, header, h, wt.params);
+      if constexpr (MIN) min[h] = load_params(w + param_bytes, header + 2 * kTileRows, h, wt.params);
     }
     for (int r = 0; r < MR; ++r) {
       const int64_t i = i0 + r;

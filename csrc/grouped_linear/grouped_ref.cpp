@@ -68,16 +68,12 @@ void grouped_tiles(const GroupedProblem& p, int64_t tile_begin, int64_t tile_end
   std::vector<int32_t> w(kTileRows * wt.group);  // (8, group)
   std::vector<float> acc(p.m * kTileRows);       // (m, 8)
   for (int64_t t = tile_begin; t < tile_end; ++t) {
-    const uint8_t* block = wt.packed + t * grouped_tile_bytes(wt);
+    const uint8_t* tile = wt.packed + t * grouped_tile_bytes(wt);
     std::fill(acc.begin(), acc.end(), 0.f);
-    for (int64_t g = 0; g < groups; ++g, block += grouped_group_bytes(wt)) {
-      decode_group(block, wt.group, wt.bits, grouped_stored_offset(wt), w.data());
-      float scale[kTileRows], min[kTileRows] = {};
-      const uint8_t* params = block + grouped_value_bytes(wt.group, wt.bits);
-      for (int r = 0; r < kTileRows; ++r) {
-        scale[r] = grouped_param(params, r, wt.f16_params);
-        if (wt.has_min) min[r] = grouped_param(params + grouped_param_bytes(wt), r, wt.f16_params);
-      }
+    for (int64_t g = 0; g < groups; ++g) {
+      decode_group(tile + grouped_group_offset(wt, g), wt.group, wt.bits, grouped_stored_offset(wt), w.data());
+      float scale[kTileRows], min[kTileRows];
+      for (int r = 0; r < kTileRows; ++r) grouped_scale_min(wt, tile, g, r, scale[r], min[r]);
       const int64_t b = g * wt.group / kGroupedActivationBlock;
       for (int64_t i = 0; i < p.m; ++i) {
         const int8_t* q = p.q + i * wt.k + g * wt.group;

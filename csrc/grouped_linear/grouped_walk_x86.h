@@ -13,10 +13,13 @@
 namespace shrike {
 namespace {
 
-// The 8 scales (or mins) at `offset` of each tile of w, float32 or fp16.
+// The 8 scales (or mins) at `offset` of each tile of w in the weight's form; a factored weight's d (or
+// dmin) at `header`.
 template <typename L>
-typename L::F load_params(const uint8_t* const* w, int64_t offset, bool f16_params) {
-  return f16_params ? L::load_f16(w, offset) : L::as_float(L::load(w, offset));
+typename L::F load_params(const uint8_t* const* w, int64_t offset, int64_t header, GroupedParams form) {
+  if (form == GroupedParams::kFloat16) return L::load_f16(w, offset);
+  if (form == GroupedParams::kFactored) return L::mul(L::load_f16(w, header), L::load_i8(w, offset));  // exact
+  return L::as_float(L::load(w, offset));
 }
 
 template <typename L, int BITS, bool MIN, int MR, int NB>
@@ -31,8 +34,9 @@ __attribute__((noinline)) void grouped_rows_x_tiles(const GroupedProblem& p, int
   const int8_t* q[MR];
   _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) q[r] = p.q + (i0 + r) * wt.k;
   alignas(64) float acc[MR][NV][L::kLanes] = {};
-  int64_t offset = 0;
+  int64_t offset = 0, header = 0;
   for (int64_t g = 0; g < groups; ++g) {
+    if (grouped_opens_superblock(wt, g)) header = offset, offset += grouped_header_bytes(wt);
     I isum[MR][NV];
     _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
       I start = L::splat((BITS == 8 ? -128 : MIN ? 0 : -8) * p.group_sum[(i0 + r) * groups + g]);
@@ -57,12 +61,12 @@ __attribute__((noinline)) void grouped_rows_x_tiles(const GroupedProblem& p, int
     }
     const int64_t b = k0 / kGroupedActivationBlock;
     _Pragma("GCC unroll 16") for (int j = 0; j < NV; ++j) {
-      F scale = load_params<L>(w[j], offset, wt.f16_params);
+      F scale = load_params<L>(w[j], offset, header, wt.params);
       _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
         F a = L::fmadd(L::to_float(isum[r][j]), L::mul(scale, L::splat(p.x_scale[(i0 + r) * blocks + b])),
                        L::load_acc(acc[r][j]));
         if constexpr (MIN)
-          a = L::fmadd(L::splat(p.x_min[(i0 + r) * groups + g]), load_params<L>(w[j], offset + param_bytes, wt.f16_params), a);
+          a = L::fmadd(L::splat(p.x_min[(i0 + r) * groups + g]), load_params<L>(w[j], offset + param_bytes, header + 2 * kTileRows, wt.params), a);
         L::store_acc(acc[r][j], a);
       }
     }

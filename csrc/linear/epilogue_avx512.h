@@ -66,6 +66,11 @@ struct ZmmLanes {
     return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(lo),
                                                    _mm_loadu_si128(reinterpret_cast<const __m128i*>(w[1] + offset)), 1));
   }
+  static F load_i8(const uint8_t* const* w, int64_t offset) {
+    __m128i both = _mm_unpacklo_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w[0] + offset)),
+                                      _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w[1] + offset)));
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(both));
+  }
   static void dpbusd(I& acc, I u, const int8_t* q) { dpbusd_broadcast(acc, u, q); }
   static I low4(I v) { return _mm512_and_si512(v, _mm512_set1_epi8(0x0f)); }
   static I high4(I v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0f)); }

@@ -26,6 +26,9 @@ struct YmmLanes {
   static F load_f16(const uint8_t* const* w, int64_t offset) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w[0] + offset)));
   }
+  static F load_i8(const uint8_t* const* w, int64_t offset) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w[0] + offset))));
+  }
   // Written as asm so acc is updated in place and each broadcast is used once: from intrinsics
   // GCC copies accumulators and hoists the broadcasts, which spills 16 ymm registers.
   static void dpbusd(I& acc, I u, const int8_t* q) {

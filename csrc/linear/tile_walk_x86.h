@@ -5,6 +5,7 @@
 //   load(w, offset)      32 bytes at `offset` of each of the kTiles tiles w[0..kTiles)
 //   load_i16(w, offset)  8 int16 at `offset` of each tile, sign-extended to int32 lanes
 //   load_f16(w, offset)  8 fp16 at `offset` of each tile, widened to float lanes
+//   load_i8(w, offset)   8 int8 at `offset` of each tile, as float lanes
 //   dpbusd(acc, u, q)    acc += u (unsigned bytes) . the four int8 at q in every lane
 //   low4, high4, flip    nibble unpacking and the xor 0x80 that makes int8 weights unsigned
 //   splat, to_float, fmadd, fnmadd, mul, load_acc, store_acc, load_bias, store_row

@@ -360,17 +360,20 @@ float exact_f16(float v) {
 }
 
 // grouped_linear (GGUF quant blocks): every variant equals the reference for int8 and 4-bit values, groups of
-// 16 and 32, with and without mins, float32 and fp16 scales, x and out in both dtypes, on shapes whose N
-// leaves a partial tile and register block (all-zero activation rows included); packing round-trips.
+// 16 and 32, with and without mins, float32, fp16 and factored scales (K a multiple of 256), x and out in both
+// dtypes, on shapes whose N leaves a partial tile and register block (all-zero activation rows included);
+// packing round-trips.
 void check_grouped(const std::vector<Isa>& isas, bool quick, std::vector<Tally>& tallies, Tally& packing) {
-  const std::vector<Shape> shapes = {{13, 64}, {37, 256}, {130, 640}, {2049, 96}};
+  const std::vector<Shape> shapes = {{13, 64}, {37, 256}, {130, 640}, {2049, 96}, {21, 768}};
   const std::vector<int64_t> ms = quick ? std::vector<int64_t>{1, 3, 17} : std::vector<int64_t>{1, 2, 3, 5, 8, 9, 17, 64};
   std::uniform_real_distribution<float> scale_dist(0.001f, 0.02f), min_dist(-0.1f, 0.1f), bias_dist(-1.f, 1.f);
   for (Shape s : shapes)
     for (int bits : {8, 4})
       for (int64_t group : {16, 32})
         for (bool has_min : {false, true})
-          for (bool f16_params : {false, true}) {
+          for (GroupedParams form : {GroupedParams::kFloat32, GroupedParams::kFloat16, GroupedParams::kFactored}) {
+            if (form == GroupedParams::kFactored && s.k % kGroupedSuperblock != 0) continue;
+            const bool f16_params = form == GroupedParams::kFloat16;
             const int lowest = bits == 8 ? -128 : has_min ? 0 : -8;  // 4-bit: 0..15 with mins, -8..7 without
             std::uniform_int_distribution<int> value(lowest, bits == 8 ? 127 : lowest + 15);
             const int64_t groups = s.n * (s.k / group);
@@ -380,14 +383,29 @@ void check_grouped(const std::vector<Isa>& isas, bool quick, std::vector<Tally>&
             for (auto& v : scale) v = f16_params ? exact_f16(scale_dist(rng)) : scale_dist(rng);
             for (auto& v : mins) v = f16_params ? exact_f16(min_dist(rng)) : min_dist(rng);
             for (auto& v : bias) v = bias_dist(rng);
+            // factored: an fp16 d and dmin per 256 K of a row times int8 factors, as the K-quants hold them
+            const int64_t superblocks = s.n * (s.k / kGroupedSuperblock), per = kGroupedSuperblock / group;
+            std::vector<float> d(superblocks), dmin(superblocks);
+            std::uniform_int_distribution<int> factor(-128, 127);
+            if (form == GroupedParams::kFactored) {
+              for (auto& v : d) v = exact_f16(scale_dist(rng) / 64.f);
+              for (auto& v : dmin) v = exact_f16(min_dist(rng) / 64.f);
+              for (int64_t i = 0; i < groups; ++i) {
+                const int64_t sb = i / (s.k / group) * (s.k / kGroupedSuperblock) + i % (s.k / group) / per;
+                scale[i] = d[sb] * static_cast<float>(factor(rng));
+                mins[i] = dmin[sb] * static_cast<float>(factor(rng));
+              }
+            }
             GroupedWeight shape;
             shape.n = s.n, shape.k = s.k, shape.group = group, shape.bits = bits, shape.has_min = has_min;
-            shape.f16_params = f16_params;
+            shape.params = form;
             std::vector<uint8_t> packed(grouped_packed_bytes(shape));
-            grouped_pack(w.data(), scale.data(), has_min ? mins.data() : nullptr, shape, packed.data());
+            const bool factored = form == GroupedParams::kFactored;
+            grouped_pack(w.data(), scale.data(), has_min ? mins.data() : nullptr, factored ? d.data() : nullptr,
+                         factored && has_min ? dmin.data() : nullptr, shape, packed.data());
             shape.packed = packed.data();
             const std::string name = "grouped bits=" + std::to_string(bits) + " G=" + std::to_string(group) +
-                                     (has_min ? " min" : "") + (f16_params ? " f16" : "") + " N=" + std::to_string(s.n) +
+                                     (has_min ? " min" : "") + (f16_params ? " f16" : factored ? " factored" : "") + " N=" + std::to_string(s.n) +
                                      " K=" + std::to_string(s.k);
             std::vector<int8_t> w_back(w.size());
             std::vector<float> scale_back(groups), mins_back(groups);

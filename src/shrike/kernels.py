@@ -301,51 +301,85 @@ class WeightOnlyWeight:
 
 
 def packed_table_args(weight) -> tuple:
-    """(packed, n, k, group, bits, has_min, f16_params) of a GroupedWeight used as an embedding table
+    """(packed, n, k, group, bits, has_min, params code) of a GroupedWeight used as an embedding table
     (csrc/fused/fused.h packed_embedding)."""
     if isinstance(weight, GroupedWeight):
         return (weight.packed, weight.n, weight.k, weight.group_size, weight.bits, weight.has_min,
-                weight.f16_params)
+                weight.params_code)
     raise TypeError(f"an embedding table is a tensor or a GroupedWeight, not {type(weight).__name__}")
+
+
+# How a GroupedWeight holds its scales and mins, in the order of csrc GroupedParams.
+GROUPED_PARAMS = ("float32", "float16", "factored")
+GROUPED_SUPERBLOCK = 256  # K of a factored weight's d and dmin
+
+
+def _factors_exactly(p: torch.Tensor, d: torch.Tensor) -> bool:
+    """Whether every p (N, K/G) float32 is bit for bit d (N, K/256) times an integer in -128..127 (for a zero d,
+    0 or -1: the one giving p's sign of zero, as csrc grouped_pack chooses)."""
+    d = d.repeat_interleave(p.shape[1] // d.shape[1], dim=1)
+    zero_factor = torch.where(torch.signbit(p) == torch.signbit(d), 0.0, -1.0)
+    factor = torch.where(d == 0, zero_factor, torch.round(p / d))
+    if not bool(((factor >= -128) & (factor <= 127)).all()):
+        return False
+    return bool(torch.equal((d * factor).view(torch.int32), p.view(torch.int32)))
 
 
 class GroupedWeight:
     """Weights [N, K] kept as a GGUF file's quant blocks (shrike.convert.gguf_blocks): int8 values (or 4-bit
     ones: 0..15 with mins, -8..7 without) with a scale and optionally a min per ``group_size`` (16 or 32)
     consecutive K of a row, W[c, j] = scale[c, g] * values[c, j] - min[c, g]; run against int8 activations
-    quantized per 32 K (csrc/grouped_linear/grouped_linear.h). Scales and mins are held as fp16 when every one
-    is exact in fp16 (``f16_params``; the GGUF types with fp16 block scales), else as float32."""
+    quantized per 32 K (csrc/grouped_linear/grouped_linear.h). ``params`` says how scales and mins are held:
+    "factored" as an fp16 d (dmin) per 256 K of a row times an int8 factor per group (the K-quants' and
+    IQ4_XS's form), "float16" when every one is exact in fp16 (the types with fp16 block scales), else
+    "float32"."""
 
     def __init__(self, packed: torch.Tensor, n: int, k: int, group_size: int, bits: int, has_min: bool,
-                 f16_params: bool):
+                 params: str):
+        if params not in GROUPED_PARAMS:
+            raise ValueError(f"params must be one of {GROUPED_PARAMS}, got {params!r}")
         packed = _check_tensor(packed, "packed")
-        expected = _C.grouped_packed_bytes(n, k, group_size, bits, has_min, f16_params)
+        self.params_code = GROUPED_PARAMS.index(params)
+        expected = _C.grouped_packed_bytes(n, k, group_size, bits, has_min, self.params_code)
         if packed.dtype != torch.uint8 or packed.shape != (expected,) or not packed.is_contiguous():
             raise ValueError(f"packed must be a contiguous uint8 tensor of shape ({expected},), got "
                              f"{packed.dtype} {tuple(packed.shape)}")
         self.packed, self.n, self.k, self.group_size, self.bits = packed, n, k, group_size, bits
-        self.has_min, self.f16_params = has_min, f16_params
+        self.has_min, self.params = has_min, params
 
     @classmethod
     def from_values(cls, values: torch.Tensor, scale: torch.Tensor, min: torch.Tensor | None, group_size: int,
-                    bits: int) -> "GroupedWeight":
+                    bits: int, d: torch.Tensor | None = None, dmin: torch.Tensor | None = None) -> "GroupedWeight":
         """values (N, K) int8 (bits 4: 0..15 with a min, -8..7 without), scale and min (N, K / group_size)
-        float32 (min may be None)."""
+        float32 (min may be None). d and dmin (N, K / 256): the superblock scales the K-quants multiply their
+        integer group scales (and mins) by; given, exact in fp16 and factoring every scale (and min) exactly,
+        the weight holds them factored, the smallest form."""
         n, k = values.shape
         scale = _float32_scale(scale, "scale")
         min = None if min is None else _float32_scale(min, "min")
-        f16_params = all(_exact_in_f16(p) for p in (scale, min) if p is not None)
-        packed = torch.empty(_C.grouped_packed_bytes(n, k, group_size, bits, min is not None, f16_params),
-                             dtype=torch.uint8)
-        _C.grouped_pack(_check_tensor(values, "values").contiguous(), scale, min, group_size, bits, f16_params, packed)
-        return cls(packed, n, k, group_size, bits, min is not None, f16_params)
+        factored = d is not None and k % GROUPED_SUPERBLOCK == 0 and (min is None) == (dmin is None)
+        if factored:
+            d = _float32_scale(d, "d")
+            dmin = None if dmin is None else _float32_scale(dmin, "dmin")
+            factored = all(_exact_in_f16(s) and _factors_exactly(p, s) for p, s in ((scale, d), (min, dmin))
+                           if p is not None)
+        if factored:
+            params = "factored"
+        else:
+            d = dmin = None
+            params = "float16" if all(_exact_in_f16(p) for p in (scale, min) if p is not None) else "float32"
+        code = GROUPED_PARAMS.index(params)
+        packed = torch.empty(_C.grouped_packed_bytes(n, k, group_size, bits, min is not None, code), dtype=torch.uint8)
+        _C.grouped_pack(_check_tensor(values, "values").contiguous(), scale, min, group_size, bits, code, packed,
+                        d, dmin)
+        return cls(packed, n, k, group_size, bits, min is not None, params)
 
     def unpack(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """(values (N, K) int8, scale (N, K/G) float32, min (N, K/G) float32 or None)."""
         values = torch.empty(self.n, self.k, dtype=torch.int8)
         scale = torch.empty(self.n, self.k // self.group_size, dtype=torch.float32)
         min = torch.empty_like(scale) if self.has_min else None
-        _C.grouped_unpack(self.packed, self.n, self.k, self.group_size, self.bits, self.has_min, self.f16_params,
+        _C.grouped_unpack(self.packed, self.n, self.k, self.group_size, self.bits, self.has_min, self.params_code,
                           values, scale, min)
         return values, scale, min
 
@@ -357,7 +391,7 @@ class GroupedWeight:
 
     def __repr__(self) -> str:
         return (f"GroupedWeight(N={self.n}, K={self.k}, group_size={self.group_size}, bits={self.bits}, "
-                f"has_min={self.has_min}, f16_params={self.f16_params})")
+                f"has_min={self.has_min}, params={self.params!r})")
 
 
 class DenseTileWeight:

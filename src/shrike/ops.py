@@ -411,7 +411,7 @@ def weight_only_linear_kernel(x: torch.Tensor, weight, bias: torch.Tensor | None
 
 
 def grouped_linear_kernel(x: torch.Tensor, weight, bias: torch.Tensor | None, out: torch.Tensor) -> None:
-    _C.grouped_linear(x, weight.packed, weight.n, weight.group_size, weight.bits, weight.has_min, weight.f16_params,
+    _C.grouped_linear(x, weight.packed, weight.n, weight.group_size, weight.bits, weight.has_min, weight.params_code,
                       bias, out)
 
 

@@ -5,7 +5,9 @@ Every type here dequantizes as W[n, j] = scale[n, g] * values[n, j] - min[n, g] 
 computed in float32 exactly as `gguf.quants.dequantize` computes it: the products d * sc and
 dmin * m of the K-quants are exact in float32, so scale and min are those products and the
 dequantized weights are equal bit for bit. Where every scale and min of a weight is exact in fp16 (the
-types whose blocks hold fp16 scales), the packed weight keeps them as fp16, the file's own size.
+types whose blocks hold fp16 scales), the packed weight keeps them as fp16, the file's own size. The
+types with superblocks of 256 also give their fp16 d (and dmin): the packed weight then holds the integer
+factors sc, m (ls - 32 for IQ4_XS) per group and d, dmin per superblock, as the file does.
 
 | type   | group | values        | scale        | min        |
 |--------|-------|---------------|--------------|------------|
@@ -39,6 +41,8 @@ class GroupedBlocks:
     group: int  # 16 or 32
     bits: int  # 4 when every value fits a nibble by the type's definition (0..15 with a min, -8..7 without), else 8
     type_name: str  # the GGUF type they came from
+    d: np.ndarray | None = None  # (n, k // 256) float32 superblock scales (K-quants, IQ4_XS): scale = d * integer
+    dmin: np.ndarray | None = None  # (n, k // 256) float32 superblock mins (Q4_K, Q5_K): min = dmin * integer
 
     def dequantize(self) -> np.ndarray:
         """(n, k) float32 weights, as gguf.quants.dequantize gives them."""
@@ -50,15 +54,17 @@ class GroupedBlocks:
 
     def rows(self, index: np.ndarray) -> "GroupedBlocks":
         """These weights with their rows reordered (a permutation of the output features)."""
-        return GroupedBlocks(self.values[index], self.scale[index], None if self.min is None else self.min[index],
-                             self.group, self.bits, self.type_name)
+        def pick(a):
+            return None if a is None else a[index]
+        return GroupedBlocks(self.values[index], self.scale[index], pick(self.min), self.group, self.bits,
+                             self.type_name, pick(self.d), pick(self.dmin))
 
     def regrouped(self, group: int) -> "GroupedBlocks":
         """The same weights with groups of `group` (a divisor of this group): each scale and min repeated."""
         repeat = self.group // group
         return GroupedBlocks(self.values, np.repeat(self.scale, repeat, axis=1),
                              None if self.min is None else np.repeat(self.min, repeat, axis=1), group, self.bits,
-                             self.type_name)
+                             self.type_name, self.d, self.dmin)
 
 
 def _f16(column: np.ndarray) -> np.ndarray:
@@ -122,7 +128,7 @@ def _k_low_nibbles(qs: np.ndarray) -> np.ndarray:
 def _q4_k(b):
     sc, mn = _k_scales_mins(b[:, 4:16])
     d, dmin = _f16(b[:, :2])[:, None], _f16(b[:, 2:4])[:, None]
-    return _k_low_nibbles(b[:, 16:]).astype(np.int8), d * sc, dmin * mn
+    return _k_low_nibbles(b[:, 16:]).astype(np.int8), d * sc, dmin * mn, d, dmin
 
 
 def _q5_k(b):
@@ -132,7 +138,7 @@ def _q5_k(b):
     # bit s of the 32 qh bytes is the fifth bit of sub-block s
     high = (b[:, 16:48].reshape(blocks, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & 1
     q = _k_low_nibbles(b[:, 48:]) | high.reshape(blocks, -1) << 4
-    return q.astype(np.int8), d * sc, dmin * mn
+    return q.astype(np.int8), d * sc, dmin * mn, d, dmin
 
 
 def _q6_k(b):
@@ -142,7 +148,8 @@ def _q6_k(b):
     low = (ql.reshape(blocks, 2, 1, 64) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)) & 0x0F
     high = (qh.reshape(blocks, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)) & 0x03
     q = low.reshape(blocks, -1) | high.reshape(blocks, -1) << 4
-    return q.astype(np.int8) - 32, _f16(d)[:, None] * sc.view(np.int8).astype(np.float32), None
+    d = _f16(d)[:, None]
+    return q.astype(np.int8) - 32, d * sc.view(np.int8).astype(np.float32), None, d, None
 
 
 def _iq4_xs(b):
@@ -151,7 +158,7 @@ def _iq4_xs(b):
     high = (np.ascontiguousarray(b[:, 2:4]).view(np.uint16) >> (2 * np.arange(8, dtype=np.uint16))[None, :]) & 3
     low = (b[:, 4:8].reshape(blocks, 4, 1) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2)).reshape(blocks, 8) & 0x0F
     ls = (low | (high.astype(np.uint8) << 4)).astype(np.float32) - 32
-    return IQ4_GRID[_nibbles(b[:, 8:])], d * ls, None
+    return IQ4_GRID[_nibbles(b[:, 8:])], d * ls, None, d, None
 
 
 # type -> (block bytes, values per block, group, bits, decoder)
@@ -172,8 +179,11 @@ def grouped_blocks(data: np.ndarray, tensor_type: T, n: int, k: int) -> GroupedB
     """A GGUF tensor's raw bytes ((n, row bytes) uint8, as GGUFReader gives them) of a type in TYPES."""
     block_bytes, per_block, group, bits, decode = TYPES[tensor_type]
     blocks = np.ascontiguousarray(data).reshape(n * (k // per_block), block_bytes)
-    values, scale, mins = decode(blocks)
+    values, scale, mins, *superblock = decode(blocks)
+    d, dmin = superblock or (None, None)
+
+    def per(a, columns):
+        return None if a is None else np.ascontiguousarray(a, dtype=np.float32).reshape(n, columns)
     values = np.ascontiguousarray(values, dtype=np.int8).reshape(n, k)
-    scale = np.ascontiguousarray(scale, dtype=np.float32).reshape(n, k // group)
-    mins = None if mins is None else np.ascontiguousarray(mins, dtype=np.float32).reshape(n, k // group)
-    return GroupedBlocks(values, scale, mins, group, bits, tensor_type.name)
+    return GroupedBlocks(values, per(scale, k // group), per(mins, k // group), group, bits, tensor_type.name,
+                         per(d, k // 256), per(dmin, k // 256))

@@ -153,4 +153,10 @@ def _weight(blocks: list[GroupedBlocks]) -> tuple[object, str]:
                                             for b in blocks])) if has_min else None
     # 4-bit values without a min are -8..7 and with one 0..15: a mix of both takes int8 values
     bits = 4 if all(b.bits == 4 and (b.min is not None) == has_min for b in blocks) else 8
-    return GroupedWeight.from_values(values, scale, mins, group, bits), "grouped"
+    d = dmin = None
+    if all(b.d is not None for b in blocks):  # every part has superblocks: scales held as their factors
+        d = torch.from_numpy(np.concatenate([b.d for b in blocks]))
+        if has_min:
+            dmin = torch.from_numpy(np.concatenate([b.dmin if b.dmin is not None else np.zeros_like(b.d)
+                                                    for b in blocks]))
+    return GroupedWeight.from_values(values, scale, mins, group, bits, d, dmin), "grouped"
