@@ -28,6 +28,7 @@ from shrike.kernels import GroupedWeight
 from shrike.layers.linear import DenseLinear
 from shrike.layers.lm_head import LMHead
 from shrike.model.config import ModelConfig
+from shrike.platform.memory import FreedMemory
 from shrike.model.weights import CheckpointTensors
 from shrike.quantization.loading import QuantizedLinear
 
@@ -76,6 +77,7 @@ class GGUFLinearFactory:
         self.description = "Repacking"
         self.head = "not the lm_head"  # whether lm_head() gave the head
         self.embedding = "the embedding table from the bf16 conversion"
+        self.freed = FreedMemory()  # the blocks' values as they are unpacked, returned to the OS as they add up
 
     def __call__(self, tensors: CheckpointTensors, prefixes: list[str], in_features: int, out_features: list[int],
                  bias: bool):
@@ -93,6 +95,8 @@ class GGUFLinearFactory:
         for p, _ in parts:
             self.native[p.name] = p.tensor_type.name
         weight, format = _weight(blocks)
+        self.freed.freed(sum(b.values.nbytes * 2 for b in blocks))  # the values and their concatenation
+        del blocks
         layer = QuantizedLinear(weight, None, format, sum(out_features))
         layer.checkpoint_parts, layer.in_features = tuple(zip(prefixes, out_features)), in_features  # for LoRA
         return layer

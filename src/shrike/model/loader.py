@@ -16,7 +16,7 @@ from shrike.model.config import ModelConfig
 from shrike.model.gguf_linear import GGUF_WEIGHTS, GGUFLinearFactory, native_activation_dtype
 from shrike.model.llama import CausalLM
 from shrike.model.weights import CheckpointTensors
-from shrike.platform.memory import KVCachePlan, kv_bytes_per_token, plan_kv_cache, read_memory
+from shrike.platform.memory import KVCachePlan, kv_bytes_per_token, plan_kv_cache, read_memory, return_freed_memory
 from shrike.plugins import build_registry
 from shrike.quantization.backends import ACTIVATION_QUANT, select_backend
 from shrike.tokenizer import Tokenizer
@@ -107,6 +107,7 @@ def load_model(model: str | None, dtype: str = "auto", max_model_len: int | None
         if table is not None:
             net.embed_tokens = table  # the bf16 table is freed unless a bf16 head still shares it
         print(f"shrike: {gguf_file.name}: {make_linear.summary()}", file=sys.stderr)
+        return_freed_memory()  # the head's and the table's unpacked blocks, and the bf16 ones they replace
     if lm_head_quant == "int8":
         if not isinstance(getattr(net, "lm_head", None), LMHead):
             raise ConfigError(f"--lm-head-quant int8 is not supported by the {config.architecture} architecture")

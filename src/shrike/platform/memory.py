@@ -5,6 +5,8 @@ when that is lower), never from a fraction of total memory: on a machine that al
 things a total-memory rule either refuses to start or overcommits.
 """
 
+import ctypes
+import ctypes.util
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -157,3 +159,39 @@ def plan_kv_cache(
         source=source,
         reason=reason,
     )
+
+
+def _glibc():
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return libc if hasattr(libc, "malloc_trim") else None
+    except OSError:
+        return None
+
+
+_LIBC = _glibc()
+
+
+def return_freed_memory() -> None:
+    """Give freed heap memory back to the OS.
+
+    glibc serves buffers below its (adaptive, up to 32 MiB) mmap threshold from the heap and keeps
+    them after free, so loading a model would otherwise end with every layer's temporaries resident.
+    """
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
+
+
+class FreedMemory:
+    """Counts the bytes of loading buffers as they are freed and returns them to the OS every `every_bytes`:
+    trimming walks the heap and later buffers fault in fresh pages, so often enough to bound what stays
+    resident after a cold start, rarely enough to cost little."""
+
+    def __init__(self, every_bytes: int = 128 << 20):
+        self.every_bytes, self.pending = every_bytes, 0
+
+    def freed(self, nbytes: int) -> None:
+        self.pending += nbytes
+        if self.pending >= self.every_bytes:
+            return_freed_memory()
+            self.pending = 0

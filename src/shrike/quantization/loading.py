@@ -1,8 +1,6 @@
 """Linear layers of a compressed-tensors checkpoint: quantized GEMMs, or dense for ignored layers."""
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 from pathlib import Path
 
 import torch
@@ -11,25 +9,12 @@ from shrike.errors import ConfigError
 from shrike.layers.linear import DenseLinear, run_linear
 from shrike.model.config import ModelConfig
 from shrike.model.weights import CheckpointTensors
+from shrike.platform.memory import FreedMemory
 from shrike.quantization.backends import format_of, select_backend
 from shrike.quantization.compressed_tensors_format import QuantizationPlan, read_stored_linear
 from shrike.quantization.repack_cache import RepackCache
 from shrike.quantization.safetensors_io import CheckpointFiles
 from shrike.quantization.weight_forms import INT8_CONVERSION
-
-
-def _glibc():
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return libc if hasattr(libc, "malloc_trim") else None
-    except OSError:
-        return None
-
-
-_LIBC = _glibc()
-# Trimming walks the heap and later buffers fault in fresh pages: often enough to bound what stays
-# resident after a cold start, rarely enough to cost little.
-_TRIM_EVERY_BYTES = 128 << 20
 
 
 class QuantizedLinear:
@@ -67,7 +52,7 @@ class QuantizedLinearFactory:
         # new one whenever the conversion for the int8 kernels changes (weight_forms.INT8_CONVERSION).
         variant = self.backend.variant + (f"-int8act{INT8_CONVERSION}" if activation_quant == "int8" else "")
         self.cache = RepackCache(self.files, variant)
-        self._freed_bytes = 0  # checkpoint buffers freed since memory was last returned to the OS
+        self.freed = FreedMemory()  # checkpoint buffers, returned to the OS as they add up
 
     @property
     def description(self) -> str:
@@ -98,21 +83,11 @@ class QuantizedLinearFactory:
         stored = read_stored_linear(self.files, prefixes, layer, out_features, in_features)
         weight = self.backend.build(stored, self.activation_quant)
         weight = self.backend.restore(self.cache.store(name, weight.tensors()))
-        self._freed_bytes += sum(t.numel() * t.element_size() for t in (stored.values, stored.packed, stored.float_values)
-                                 if t is not None)
+        nbytes = sum(t.numel() * t.element_size() for t in (stored.values, stored.packed, stored.float_values)
+                     if t is not None)
         del stored
-        if self._freed_bytes >= _TRIM_EVERY_BYTES:
-            _return_freed_memory()
-            self._freed_bytes = 0
+        self.freed.freed(nbytes)
         return weight
 
 
-def _return_freed_memory() -> None:
-    """Give the freed checkpoint and repacking buffers back to the OS.
-
-    glibc serves buffers below its (adaptive, up to 32 MiB) mmap threshold from the heap and keeps
-    them after free, so a cold start would otherwise end with every layer's temporaries resident.
-    """
-    if _LIBC is not None:
-        _LIBC.malloc_trim(0)
 
