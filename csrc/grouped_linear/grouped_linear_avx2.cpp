@@ -12,6 +12,7 @@
 
 #include "common/bf16_avx2.h"
 #include "common/lanes_avx2.h"
+#include "common/prefetch_x86.h"
 #include "grouped_linear/grouped_layout.h"
 #include "grouped_linear/grouped_params_x86.h"
 #include "linear/epilogue_avx2.h"
@@ -41,6 +42,7 @@ void rows_x_tile(const GroupedProblem& p, int64_t i0, int64_t t) {
       __m256i pair_sums[MR];
       for (int r = 0; r < MR; ++r) pair_sums[r] = _mm256_setzero_si256();
       for (int64_t kb = k0; kb < k0 + wt.group; kb += 8, w += 32) {
+        if ((kb & 8) == 0) prefetch_stream(w);
         __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
         __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
         for (int r = 0; r < MR; ++r) {
@@ -57,6 +59,7 @@ void rows_x_tile(const GroupedProblem& p, int64_t i0, int64_t t) {
     } else {
       for (int r = 0; r < MR; ++r) isum[r] = _mm256_setzero_si256();
       for (int64_t kb = k0; kb < k0 + wt.group; kb += 4, w += 32) {
+        if ((kb & 4) == 0) prefetch_stream(w);
         __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
         __m256i magnitude = _mm256_sign_epi8(v, v);
         for (int r = 0; r < MR; ++r) {

@@ -18,6 +18,7 @@
 
 #include <cstdint>
 
+#include "common/prefetch_x86.h"
 #include "linear/epilogue_avx512.h"
 #include "linear/gemm_driver.h"
 #include "linear/layout.h"
@@ -26,14 +27,10 @@
 namespace shrike::avx512vnni {
 namespace {
 
-// How far ahead of its loads each decode stream prefetches. The hardware prefetchers alone left Zen 5
-// decode at 36-40 GB/s of a 50 GB/s read probe; 4-8 KiB ahead took every format 10-25% higher
-// (benchmarks/README.md, Zen 5 table).
-constexpr int64_t kDecodePrefetchBytes = 4096;
-
+// The two cache lines 4 KiB past the 128 bytes a step reads (common/prefetch_x86.h).
 inline void prefetch_ahead(const uint8_t* w) {
-  _mm_prefetch(reinterpret_cast<const char*>(w) + kDecodePrefetchBytes, _MM_HINT_T0);
-  _mm_prefetch(reinterpret_cast<const char*>(w) + kDecodePrefetchBytes + 64, _MM_HINT_T0);
+  prefetch_stream(w);
+  prefetch_stream(w + 64);
 }
 
 // Activation dword i of a 32-byte block in lanes 0-7 and dword j in lanes 8-15.

@@ -1,5 +1,6 @@
 #include <immintrin.h>
 
+#include "common/prefetch_x86.h"
 #include "linear/epilogue_avx2.h"
 #include "linear/gemm_driver.h"
 #include "linear/layout.h"
@@ -27,6 +28,7 @@ void rows_x_tile(const W4A8Problem& p, int64_t i0, int64_t t) {
       __m256i pair_sums[MR];
       for (int r = 0; r < MR; ++r) pair_sums[r] = _mm256_setzero_si256();
       for (int s = 0; s < 4; ++s, w += 32) {
+        if ((s & 1) == 0) prefetch_stream(w);
         __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
         __m256i lo = _mm256_and_si256(v, low4);
         __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
