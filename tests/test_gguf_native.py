@@ -18,6 +18,7 @@ from shrike.executor.step import EagerStep
 from shrike.layers.linear import DenseLinear
 from shrike.kernels import GroupedWeight
 from shrike.model.gguf_linear import GGUFLinearFactory
+from shrike.model.loader import held_bytes, load_model
 from shrike.ops import (embedding_kernel, embedding_reference, grouped_linear_kernel, grouped_linear_reference,
                         quantize_blocks_of_32)
 from tests.test_gguf_tensor_types import HEADS, HIDDEN, KV_HEADS, SHAPES, stored_block_bytes, write_typed_gguf
@@ -251,3 +252,13 @@ def test_dtype_auto_computes_in_float32_when_every_matrix_runs_from_its_blocks(e
     assert llm.llm_engine.dtype == dtype and llm.llm_engine.kv_dtype == dtype
     assert f"computing in {str(dtype).removeprefix('torch.')}" in capfd.readouterr().err
     assert LLM(str(path), dtype="bfloat16", progress=False, max_model_len=64).llm_engine.dtype == torch.bfloat16
+
+
+def test_the_memory_plan_counts_the_weights_a_native_file_holds_not_its_bf16_conversion(gemma3_gguf, gemma3_model_dir):
+    """A 30B file whose bf16 conversion is four times its size must not be refused for the conversion's size."""
+    loaded = load_model(str(gemma3_gguf), progress=False)
+    conversion = sum(p.stat().st_size for p in gemma3_model_dir.glob("*.safetensors"))
+    assert loaded.weight_bytes == held_bytes(loaded.model)
+    # the repacked blocks (5/6-bit types held as int8), the norms and the rotary table (128 MiB at 32k positions):
+    # above the file, below its bf16 conversion
+    assert gemma3_gguf.stat().st_size < loaded.weight_bytes < 0.8 * conversion

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sys
+import types
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,6 +60,29 @@ class LoadedModel:
                              available_bytes=self.available_bytes_before_load)
 
 
+def held_bytes(model) -> int:
+    """Bytes of the distinct tensors reachable from the model's attributes (its weights as they are held)."""
+    seen_objects, seen_tensors, total, todo = set(), set(), 0, [model]
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen_objects or isinstance(obj, (type, str, bytes, int, float, types.ModuleType,
+                                                       types.FunctionType, types.BuiltinFunctionType)):
+            continue
+        seen_objects.add(id(obj))
+        if isinstance(obj, torch.Tensor):
+            key = (obj.data_ptr(), obj.numel() * obj.element_size())
+            if key not in seen_tensors:
+                seen_tensors.add(key)
+                total += key[1]
+        elif isinstance(obj, dict):
+            todo.extend(obj.values())
+        elif isinstance(obj, (list, tuple, set)):
+            todo.extend(obj)
+        elif hasattr(obj, "__dict__"):
+            todo.extend(vars(obj).values())
+    return total
+
+
 def load_model(model: str | None, dtype: str = "auto", max_model_len: int | None = None,
                chat_template: str | None = None, progress: bool = True, kernel_backend: str = "auto",
                lm_head_quant: str = "none", activation_quant: str = "none", gguf_weights: str = "native") -> LoadedModel:
@@ -112,5 +136,7 @@ def load_model(model: str | None, dtype: str = "auto", max_model_len: int | None
         if not isinstance(getattr(net, "lm_head", None), LMHead):
             raise ConfigError(f"--lm-head-quant int8 is not supported by the {config.architecture} architecture")
         net.lm_head = int8_lm_head(net.lm_head, model_dir, kernel_backend)  # the bf16 head and its tiles are freed
-    weight_bytes = sum(p.stat().st_size for p in model_dir.glob("*.safetensors"))
+    # A file run from its blocks holds its own repacked tensors, not the bf16 conversion that model_dir has.
+    weight_bytes = held_bytes(net) if isinstance(make_linear, GGUFLinearFactory) else \
+        sum(p.stat().st_size for p in model_dir.glob("*.safetensors"))
     return LoadedModel(model_dir, config, tokenizer, net, torch_dtype, max_model_len, weight_bytes, available_before)
