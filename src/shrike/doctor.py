@@ -101,9 +101,10 @@ def _model_shape(model_dir: Path) -> dict[str, Any]:
 
 def _kv_section(config: EngineConfig, memory: MemoryInfo, problems: list[str]) -> dict:
     try:
-        from shrike.default_model import resolve_model
+        from shrike.default_model import gguf_source, resolve_model
 
         model_dir = resolve_model(config.model)
+        native_gguf = gguf_source(config.model) if config.gguf_weights == "native" else None
     except (ImportError, ValueError) as error:
         if config.model is None:
             return {"skipped": f"no model given and the default model is unavailable: {error}"}
@@ -111,6 +112,8 @@ def _kv_section(config: EngineConfig, memory: MemoryInfo, problems: list[str]) -
         return {"error": str(error)}
     try:
         shape = _model_shape(Path(model_dir))
+        if native_gguf is not None:  # run from its blocks: about the file's size, not its bf16 conversion's
+            shape["weight_bytes"] = native_gguf.stat().st_size
         if config.kv_cache_dtype != "auto":
             shape["kv_dtype"] = config.kv_cache_dtype
         elif config.dtype != "auto":
