@@ -28,8 +28,8 @@ from shrike.kernels import GroupedWeight
 from shrike.layers.linear import DenseLinear
 from shrike.layers.lm_head import LMHead
 from shrike.model.config import ModelConfig
-from shrike.platform.memory import FreedMemory
 from shrike.model.weights import CheckpointTensors
+from shrike.platform.memory import FreedMemory
 from shrike.quantization.loading import QuantizedLinear
 
 _GGUF_PART = {hf: gguf for gguf, hf in LAYER_NAMES.items()}
