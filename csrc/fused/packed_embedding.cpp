@@ -15,7 +15,6 @@ namespace {
 // Row `row` of grouped tiles (grouped_layout.h): value * scale - min.
 void grouped_row(const GroupedWeight& w, int64_t row, float* out) {
   const int r = static_cast<int>(row % kTileRows);
-  const int stored_offset = grouped_stored_offset(w);
   const uint8_t* tile = w.packed + row / kTileRows * grouped_tile_bytes(w);
   for (int64_t g = 0; g < w.k / w.group; ++g) {
     const uint8_t* group = tile + grouped_group_offset(w, g);
@@ -23,14 +22,7 @@ void grouped_row(const GroupedWeight& w, int64_t row, float* out) {
     float scale, min;
     grouped_scale_min(w, tile, g, r, scale, min);
     for (int64_t j = 0; j < w.group; ++j) {
-      int value;
-      if (w.bits == 8) {
-        value = static_cast<int8_t>(group[(j / 4 * kTileRows + r) * 4 + j % 4]);
-      } else {
-        uint8_t byte = group[(j / 8 * kTileRows + r) * 4 + j % 4];
-        value = (j % 8 < 4 ? byte & 15 : byte >> 4) + stored_offset;
-      }
-      float w_value = static_cast<float>(value) * scale;
+      float w_value = static_cast<float>(grouped_value(w, group, r, j)) * scale;
       out[g0 + j] = w.has_min ? w_value - min : w_value;
     }
   }

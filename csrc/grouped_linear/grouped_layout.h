@@ -54,6 +54,12 @@ inline int64_t grouped_group_offset(const GroupedWeight& w, int64_t g) {
 // the dot over the values: -8 for 4-bit values without mins (stored w + 8), else 0. (The x86 kernels
 // add their own -128 for int8 values, which they flip to unsigned.)
 inline int32_t grouped_stored_offset(const GroupedWeight& w) { return w.bits == 4 && !w.has_min ? -8 : 0; }
+// Value j of row r in the group whose values start at `group` (the stored byte, less the stored offset).
+inline int grouped_value(const GroupedWeight& w, const uint8_t* group, int r, int64_t j) {
+  if (w.bits == 8) return static_cast<int8_t>(group[(j / 4 * kTileRows + r) * 4 + j % 4]);
+  const uint8_t byte = group[(j / 8 * kTileRows + r) * 4 + j % 4];
+  return (j % 8 < 4 ? byte & 15 : byte >> 4) + grouped_stored_offset(w);
+}
 // Scale (or min) i of the 8 at `params` as float32; `header` is the superblock's 8 fp16 d (or dmin) of a
 // factored weight.
 inline float grouped_param(const uint8_t* params, const uint8_t* header, int i, GroupedParams form) {

@@ -212,22 +212,12 @@ void grouped_pack(const int8_t* w, const float* scale, const float* min, const f
 void grouped_unpack(const GroupedWeight& shape, int8_t* w, float* scale, float* min) {
   check_grouped_shape(shape);
   const int64_t k = shape.k, group = shape.group, groups = k / group;
-  const int stored_offset = grouped_stored_offset(shape);
   for (int64_t row = 0; row < shape.n; ++row) {
     const int r = static_cast<int>(row % kTileRows);
     const uint8_t* tile = shape.packed + row / kTileRows * grouped_tile_bytes(shape);
     for (int64_t g = 0; g < groups; ++g) {
       const uint8_t* block = tile + grouped_group_offset(shape, g);
-      for (int64_t j = 0; j < group; ++j) {
-        int8_t v;
-        if (shape.bits == 8) {
-          v = static_cast<int8_t>(block[(j / 4 * kTileRows + r) * 4 + j % 4]);
-        } else {
-          uint8_t byte = block[(j / 8 * kTileRows + r) * 4 + j % 4];
-          v = static_cast<int8_t>((j % 8 < 4 ? byte & 15 : byte >> 4) + stored_offset);
-        }
-        w[row * k + g * group + j] = v;
-      }
+      for (int64_t j = 0; j < group; ++j) w[row * k + g * group + j] = static_cast<int8_t>(grouped_value(shape, block, r, j));
       float s, m;
       grouped_scale_min(shape, tile, g, r, s, m);
       scale[row * groups + g] = s;

@@ -16,18 +16,6 @@ void store(void* out, DType dt, int64_t i, float v) {
   else static_cast<bf16*>(out)[i] = float_to_bf16(v);
 }
 
-// One group of one tile as values, (8, group).
-void decode_group(const uint8_t* block, int64_t group, int bits, int stored_offset, int32_t* w) {
-  for (int r = 0; r < kTileRows; ++r)
-    for (int64_t j = 0; j < group; ++j) {
-      if (bits == 8) {
-        w[r * group + j] = static_cast<int8_t>(block[(j / 4 * kTileRows + r) * 4 + j % 4]);
-      } else {
-        uint8_t byte = block[(j / 8 * kTileRows + r) * 4 + j % 4];
-        w[r * group + j] = (j % 8 < 4 ? byte & 15 : byte >> 4) + stored_offset;
-      }
-    }
-}
 template <class T>
 float as_float(T v) {
   if constexpr (std::is_same_v<T, float>) return v; else return bf16_to_float(v);
@@ -71,7 +59,9 @@ void grouped_tiles(const GroupedProblem& p, int64_t tile_begin, int64_t tile_end
     const uint8_t* tile = wt.packed + t * grouped_tile_bytes(wt);
     std::fill(acc.begin(), acc.end(), 0.f);
     for (int64_t g = 0; g < groups; ++g) {
-      decode_group(tile + grouped_group_offset(wt, g), wt.group, wt.bits, grouped_stored_offset(wt), w.data());
+      const uint8_t* group = tile + grouped_group_offset(wt, g);
+      for (int r = 0; r < kTileRows; ++r)
+        for (int64_t j = 0; j < wt.group; ++j) w[r * wt.group + j] = grouped_value(wt, group, r, j);
       float scale[kTileRows], min[kTileRows];
       for (int r = 0; r < kTileRows; ++r) grouped_scale_min(wt, tile, g, r, scale[r], min[r]);
       const int64_t b = g * wt.group / kGroupedActivationBlock;
