@@ -13,12 +13,15 @@ import torch
 from gguf import GGMLQuantizationType as Q
 
 from shrike import LLM, SamplingParams, _C
+from shrike.convert import convert_gguf
 from shrike.convert.gguf_blocks import TYPES, grouped_blocks
 from shrike.executor.step import EagerStep
 from shrike.layers.linear import DenseLinear
 from shrike.kernels import GroupedWeight
+from shrike.model.footprint import footprint
 from shrike.model.gguf_linear import GGUFLinearFactory
 from shrike.model.loader import held_bytes, load_model
+from shrike.model.weights import CheckpointTensors, GGUFTensors
 from shrike.ops import (embedding_kernel, embedding_reference, grouped_linear_kernel, grouped_linear_reference,
                         quantize_blocks_of_32)
 from tests.test_gguf_tensor_types import HEADS, HIDDEN, KV_HEADS, SHAPES, stored_block_bytes, write_typed_gguf
@@ -228,9 +231,9 @@ def test_the_embedding_table_runs_from_the_files_blocks_and_answers_like_the_con
 
     model, packed_runs = run()
     line = capfd.readouterr().err
-    if embedding == Q.F32:  # no kernel for the type: the conversion's table
+    if embedding == Q.F32:  # no kernel for the type: the table converted to bf16
         assert isinstance(model.embed_tokens, torch.Tensor)
-        assert "the embedding table from the bf16 conversion" in line
+        assert "the embedding table converted to bf16" in line
         return
     assert isinstance(model.embed_tokens, GroupedWeight)
     assert f"the embedding table from its {embedding.name} blocks" in line
@@ -262,3 +265,31 @@ def test_the_memory_plan_counts_the_weights_a_native_file_holds_not_its_bf16_con
     # the repacked blocks (5/6-bit types held as int8), the norms and the rotary table (128 MiB at 32k positions):
     # above the file, below its bf16 conversion
     assert gemma3_gguf.stat().st_size < loaded.weight_bytes < 0.8 * conversion
+
+
+def test_a_file_run_natively_writes_no_weights_and_reads_its_other_tensors_from_itself(mixed_gguf, tmp_path,
+                                                                                       monkeypatch):
+    """Only the model's description goes into the cache; the tensors without a kernel (norms, the embedding
+    table until its blocks replace it) come from the file, converted as `shrike convert` writes them."""
+    monkeypatch.setenv("SHRIKE_CACHE_DIR", str(tmp_path / "cache"))
+    loaded = load_model(str(mixed_gguf), progress=False)
+    (description,) = (tmp_path / "cache" / "models").iterdir()
+    assert loaded.model_dir == description and loaded.weights_source == mixed_gguf
+    assert not list(description.glob("*.safetensors"))
+    assert {p.name for p in description.iterdir()} == {"config.json", "generation_config.json", "tokenizer.json",
+                                                       "tokenizer_config.json", "gguf_source.json"}
+    converted_dir = tmp_path / "converted"
+    convert_gguf(mixed_gguf, converted_dir, progress=False)
+    converted, from_file = CheckpointTensors(converted_dir), GGUFTensors(mixed_gguf)
+    assert sorted(from_file.names()) == sorted(converted.names())
+    for name in converted.names():
+        assert torch.equal(from_file.raw(name), converted.raw(name)), name
+    card = footprint(mixed_gguf, loaded.config.raw)  # the start-up line's: the file's bytes, not the conversion's
+    assert card.weight_bytes == sum(int(t.n_bytes) for t in gguf.GGUFReader(mixed_gguf).tensors)
+    assert card.weight_bytes < 0.5 * sum(p.stat().st_size for p in converted_dir.glob("*.safetensors"))
+    # two files with one config and different weights never share an int8 lm_head in the repack cache
+    other = tmp_path / "other.gguf"
+    write_typed_gguf(other, MIX, slots=ALL_SLOTS, seed=1)
+    heads = [load_model(str(path), progress=False, lm_head_quant="int8").model.lm_head.weight.packed
+             for path in (mixed_gguf, other)]
+    assert not torch.equal(*heads)

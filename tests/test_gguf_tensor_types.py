@@ -58,11 +58,12 @@ def encode(qtype: Q, weight: np.ndarray, rng: np.random.Generator) -> np.ndarray
 
 def write_typed_gguf(path: Path, types: list[Q], architecture: str = "llama",
                      slots: list[tuple[int, str, str]] = SLOTS, embedding: Q = Q.F32,
-                     output: Q | None = None) -> dict[str, np.ndarray]:
+                     output: Q | None = None, seed: int = 0) -> dict[str, np.ndarray]:
     """A tiny SentencePiece Llama whose linears in `slots` (by default v/o/gate/up/down) use `types` in turn,
     the others float32, with token_embd of type `embedding` and an output.weight of type `output` (none: the
-    head is tied); returns the stored form of each typed tensor, keyed by its Hugging Face name."""
-    rng = np.random.default_rng(0)
+    head is tied), its weights drawn from `seed`; returns the stored form of each typed tensor, keyed by its
+    Hugging Face name."""
+    rng = np.random.default_rng(seed)
     writer = gguf.GGUFWriter(str(path), architecture)
     writer.add_context_length(64)
     writer.add_embedding_length(HIDDEN)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from gguf import GGUFReader
 from safetensors.torch import load_file
 
 from shrike.convert import convert_gguf
@@ -15,7 +16,7 @@ from shrike.executor.step import EagerStep
 from shrike.layers.attention import KVCache
 from shrike.model.config import ModelConfig
 from shrike.model.moe import MoeCausalLM
-from shrike.model.weights import CheckpointTensors
+from shrike.model.weights import CheckpointTensors, GGUFTensors
 
 from test_gguf_tensor_types import VOCAB
 
@@ -125,6 +126,27 @@ def test_moe_gguf_converts_to_the_same_logits(tmp_path, kind, architecture):
     with torch.no_grad():
         expected = hf(ids[None]).logits[0]
     torch.testing.assert_close(_logits(tmp_path / "converted", ids), expected, atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["qwen3moe", "mixtral"])
+def test_tensors_read_from_the_file_equal_its_conversion_and_share_a_merged_tensor_among_experts(tmp_path, kind):
+    _write_gguf(tmp_path / "tiny.gguf", _saved(_tiny_hf(kind), tmp_path / "hf"), kind, gguf.GGMLQuantizationType.Q8_0)
+    convert_gguf(tmp_path / "tiny.gguf", tmp_path / "converted", progress=False)
+    converted, from_file = CheckpointTensors(tmp_path / "converted"), GGUFTensors(tmp_path / "tiny.gguf")
+    assert sorted(from_file.names()) == sorted(converted.names())
+    for name in converted.names():
+        assert torch.equal(from_file.raw(name), converted.raw(name)), name
+        assert from_file.raw(name).dtype == torch.bfloat16
+    sizes = from_file.stored_bytes()
+    merged = next(t for t in GGUFReader(tmp_path / "tiny.gguf").tensors if t.name == "blk.0.ffn_up_exps.weight")
+    experts = [n for n in sizes if n.startswith("model.layers.0.") and ".experts." in n and
+               n.endswith(("up_proj.weight", "w3.weight"))]
+    assert len(experts) == EXPERTS and sum(sizes[n] for n in experts) == merged.n_bytes
+
+
+def _saved(hf, directory):
+    hf.save_pretrained(directory)
+    return directory
 
 
 @pytest.mark.parametrize("kind", ["qwen3moe", "mixtral"])

@@ -68,16 +68,18 @@ def _memory_section(memory: MemoryInfo) -> dict[str, Any]:
     }
 
 
-def _parameters(model_dir: Path, config: dict) -> dict[str, int] | None:
+def _parameters(source: Path, config: dict) -> dict[str, int] | None:
     """Total and active parameters and bytes per token, or None when the checkpoint cannot tell them (the cache
     can still be planned from the attention shape and the file sizes)."""
     try:
-        return footprint(model_dir, config).__dict__
+        return footprint(source, config).__dict__
     except (KeyError, ValueError, OSError):
         return None
 
 
-def _model_shape(model_dir: Path) -> dict[str, Any]:
+def _model_shape(model_dir: Path, native_gguf: Path | None) -> dict[str, Any]:
+    """native_gguf: the GGUF file the model runs from natively (about its size in memory, and its tensors as
+    they are stored); model_dir then holds only the model's description."""
     config_path = model_dir / "config.json"
     try:
         config = json.loads(config_path.read_text())
@@ -90,8 +92,9 @@ def _model_shape(model_dir: Path) -> dict[str, Any]:
             "max_position_embeddings": config["max_position_embeddings"],
             # By default the cache is kept in the compute dtype, which is bfloat16 for 16-bit checkpoints.
             "kv_dtype": "bfloat16" if dtype in ("bfloat16", "float16") else "float32",
-            "weight_bytes": sum(path.stat().st_size for path in model_dir.glob("*.safetensors")),
-            "parameters": _parameters(model_dir, config),
+            "weight_bytes": native_gguf.stat().st_size if native_gguf else
+            sum(path.stat().st_size for path in model_dir.glob("*.safetensors")),
+            "parameters": _parameters(native_gguf or model_dir, config),
         }
     except (OSError, ValueError) as error:
         raise ConfigError(f"cannot read {config_path}: {error}") from None
@@ -103,17 +106,15 @@ def _kv_section(config: EngineConfig, memory: MemoryInfo, problems: list[str]) -
     try:
         from shrike.default_model import gguf_source, resolve_model
 
-        model_dir = resolve_model(config.model)
         native_gguf = gguf_source(config.model) if config.gguf_weights == "native" else None
+        model_dir = resolve_model(config.model, weights=native_gguf is None)
     except (ImportError, ValueError) as error:
         if config.model is None:
             return {"skipped": f"no model given and the default model is unavailable: {error}"}
         problems.append(str(error))
         return {"error": str(error)}
     try:
-        shape = _model_shape(Path(model_dir))
-        if native_gguf is not None:  # run from its blocks: about the file's size, not its bf16 conversion's
-            shape["weight_bytes"] = native_gguf.stat().st_size
+        shape = _model_shape(Path(model_dir), native_gguf)
         if config.kv_cache_dtype != "auto":
             shape["kv_dtype"] = config.kv_cache_dtype
         elif config.dtype != "auto":

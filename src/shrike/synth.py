@@ -136,7 +136,7 @@ def synthesize(dst: Path, like: str, scheme_name: str, fmt: str | None = None, l
         check_format(scheme, fmt)
     if (dst / "config.json").exists():
         raise ConfigError(f"{dst} already holds a checkpoint; choose an empty output directory")
-    tokenizer_dir = resolve_model(None)
+    tokenizer_dir = resolve_model(None, weights=False)
     tokenizer_config = json.loads((tokenizer_dir / "config.json").read_text())
     config = synth_config(like, layers, scheme, fmt, tokenizer_config.get("bos_token_id", 1),
                           tokenizer_config.get("eos_token_id", 2))

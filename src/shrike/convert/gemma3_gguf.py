@@ -10,14 +10,12 @@ and so does this.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
-import torch
+import numpy as np
 from gguf import Keys, ReaderTensor
 
 from shrike.convert.gguf_metadata import GGUFMetadata, float32_value
 from shrike.convert.llama_config import rope_scaling_config
-from shrike.convert.llama_weights import LAYER_NAMES, dequantized, hf_tensor_name
+from shrike.convert.llama_weights import LAYER_NAMES, TensorConverter
 
 _SLIDING_WINDOW_PATTERN = 6
 _LOCAL_ROPE_BASE = 10000.0
@@ -75,41 +73,30 @@ def gemma3_config(meta: GGUFMetadata, vocab_size: int, has_output_weight: bool) 
     return config
 
 
-def _expected_shapes(config: dict) -> dict[str, tuple[int, ...]]:
-    hidden, ffn, head_dim = config["hidden_size"], config["intermediate_size"], config["head_dim"]
-    q_rows, kv_rows = config["num_attention_heads"] * head_dim, config["num_key_value_heads"] * head_dim
-    shapes = {"model.embed_tokens.weight": (config["vocab_size"], hidden), "model.norm.weight": (hidden,)}
-    if not config["tie_word_embeddings"]:
-        shapes["lm_head.weight"] = (config["vocab_size"], hidden)
-    per_layer = {
-        "input_layernorm": (hidden,), "post_attention_layernorm": (hidden,),
-        "pre_feedforward_layernorm": (hidden,), "post_feedforward_layernorm": (hidden,),
-        "self_attn.q_proj": (q_rows, hidden), "self_attn.k_proj": (kv_rows, hidden),
-        "self_attn.v_proj": (kv_rows, hidden), "self_attn.o_proj": (hidden, q_rows),
-        "self_attn.q_norm": (head_dim,), "self_attn.k_norm": (head_dim,),
-        "mlp.gate_proj": (ffn, hidden), "mlp.up_proj": (ffn, hidden), "mlp.down_proj": (hidden, ffn),
-    }
-    for layer in range(config["num_hidden_layers"]):
-        for module, shape in per_layer.items():
-            shapes[f"model.layers.{layer}.{module}.weight"] = shape
-    return shapes
+class Gemma3Tensors(TensorConverter):
+    model = "a Gemma 3 text model"
+    layer_names = _LAYER_NAMES
 
+    def expected_shapes(self, config: dict) -> dict[str, tuple[int, ...]]:
+        hidden, ffn, head_dim = config["hidden_size"], config["intermediate_size"], config["head_dim"]
+        q_rows, kv_rows = config["num_attention_heads"] * head_dim, config["num_key_value_heads"] * head_dim
+        shapes = {"model.embed_tokens.weight": (config["vocab_size"], hidden), "model.norm.weight": (hidden,)}
+        if not config["tie_word_embeddings"]:
+            shapes["lm_head.weight"] = (config["vocab_size"], hidden)
+        per_layer = {
+            "input_layernorm": (hidden,), "post_attention_layernorm": (hidden,),
+            "pre_feedforward_layernorm": (hidden,), "post_feedforward_layernorm": (hidden,),
+            "self_attn.q_proj": (q_rows, hidden), "self_attn.k_proj": (kv_rows, hidden),
+            "self_attn.v_proj": (kv_rows, hidden), "self_attn.o_proj": (hidden, q_rows),
+            "self_attn.q_norm": (head_dim,), "self_attn.k_norm": (head_dim,),
+            "mlp.gate_proj": (ffn, hidden), "mlp.up_proj": (ffn, hidden), "mlp.down_proj": (hidden, ffn),
+        }
+        for layer in range(config["num_hidden_layers"]):
+            for module, shape in per_layer.items():
+                shapes[f"model.layers.{layer}.{module}.weight"] = shape
+        return shapes
 
-def convert_gemma3_tensors(tensors: Iterable[ReaderTensor], config: dict) -> dict[str, torch.Tensor]:
-    shapes = _expected_shapes(config)
-    converted: dict[str, torch.Tensor] = {}
-    for tensor in tensors:
-        name = hf_tensor_name(tensor.name, _LAYER_NAMES, "a Gemma 3 text model")
-        if name not in shapes:
-            raise ValueError(f"GGUF tensor {tensor.name!r} does not fit the model described by the file's metadata")
-        weight = torch.from_numpy(dequantized(tensor))
-        if tuple(weight.shape) != shapes[name]:
-            raise ValueError(f"GGUF tensor {tensor.name!r} has shape {list(weight.shape)} but the metadata implies "
-                             f"{list(shapes[name])}; the file is inconsistent or not a Gemma 3 model")
-        if name.endswith("norm.weight"):
-            weight = weight - 1.0  # back to Hugging Face's (1 + weight) convention
-        converted[name] = weight.to(torch.bfloat16)
-    missing = sorted(set(shapes) - set(converted))
-    if missing:
-        raise ValueError(f"the GGUF file lacks {len(missing)} tensors a Gemma 3 model needs, e.g. {missing[:3]}")
-    return converted
+    def layout(self, tensor: ReaderTensor, weight: np.ndarray) -> dict[str, np.ndarray]:
+        (name,) = self.names(tensor)
+        # back to Hugging Face's (1 + weight) convention
+        return {name: weight - np.float32(1.0) if name.endswith("norm.weight") else weight}

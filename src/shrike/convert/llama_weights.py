@@ -102,25 +102,55 @@ def dequantized(tensor: ReaderTensor) -> np.ndarray:
     return np.array(values, dtype=np.float32).reshape(tuple(int(d) for d in reversed(tensor.shape)))
 
 
-def convert_tensors(tensors: Iterable[ReaderTensor], config: dict) -> dict[str, torch.Tensor]:
-    rope_heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
-    shapes = expected_shapes(config)
-    converted: dict[str, torch.Tensor] = {}
-    for tensor in tensors:
-        name = hf_tensor_name(tensor.name)
-        weight = dequantized(tensor)
-        if name not in shapes:
+class TensorConverter:
+    """How one architecture's GGUF tensors become its Hugging Face tensors (names, layout, bf16).
+
+    names() maps a GGUF tensor to the Hugging Face tensors it becomes without reading its data (so a model can
+    be built from the file itself, each tensor converted when it is asked for: model.weights.GGUFTensors);
+    convert() dequantizes and lays them out. Subclasses give the expected shapes and the layout.
+    """
+    model = "a plain Llama model"  # for messages
+    layer_names = LAYER_NAMES  # blk.N.<part> -> the model's layer part
+
+    def __init__(self, config: dict):
+        self.config = config
+        self.shapes = self.expected_shapes(config)
+
+    def expected_shapes(self, config: dict) -> dict[str, tuple[int, ...]]:
+        return expected_shapes(config)
+
+    def names(self, tensor: ReaderTensor) -> list[str]:
+        """The Hugging Face tensors `tensor` becomes; ValueError when the model has no place for it."""
+        name = hf_tensor_name(tensor.name, self.layer_names, self.model)
+        if name not in self.shapes:
             raise ValueError(f"GGUF tensor {tensor.name!r} does not fit the model described by the file's metadata")
-        if weight.shape != shapes[name]:
-            raise ValueError(
-                f"GGUF tensor {tensor.name!r} has shape {list(weight.shape)} but the metadata implies "
-                f"{list(shapes[name])}; the file is inconsistent or not a plain Llama model"
-            )
+        return [name]
+
+    def layout(self, tensor: ReaderTensor, weight: np.ndarray) -> dict[str, np.ndarray]:
+        """The dequantized weight (outermost dimension first) as the Hugging Face tensors it becomes."""
+        (name,) = self.names(tensor)
         kind = tensor.name.split(".")[-2]  # "attn_q" in "blk.0.attn_q.weight"
-        if kind in rope_heads:
-            weight = undo_rope_permutation(weight, rope_heads[kind])
-        converted[name] = torch.from_numpy(weight).to(torch.bfloat16)
-    missing = sorted(set(shapes) - set(converted))
-    if missing:
-        raise ValueError(f"the GGUF file lacks {len(missing)} tensors a Llama model needs, e.g. {missing[:3]}")
-    return converted
+        heads = {"attn_q": self.config["num_attention_heads"], "attn_k": self.config["num_key_value_heads"]}
+        return {name: undo_rope_permutation(weight, heads[kind]) if kind in heads else weight}
+
+    def convert(self, tensor: ReaderTensor) -> dict[str, torch.Tensor]:
+        self.names(tensor)  # a tensor the model has no place for fails before it is dequantized
+        pieces = self.layout(tensor, dequantized(tensor))
+        for name, piece in pieces.items():
+            if tuple(piece.shape) != self.shapes[name]:
+                raise ValueError(f"GGUF tensor {tensor.name!r} has shape {list(piece.shape)} but the metadata implies "
+                                 f"{list(self.shapes[name])}; the file is inconsistent or not {self.model}")
+        return {name: torch.from_numpy(np.ascontiguousarray(piece)).to(torch.bfloat16)
+                for name, piece in pieces.items()}
+
+    def check_complete(self, names: Iterable[str]) -> None:
+        missing = sorted(set(self.shapes) - set(names))
+        if missing:
+            raise ValueError(f"the GGUF file lacks {len(missing)} tensors {self.model} needs, e.g. {missing[:3]}")
+
+    def convert_all(self, tensors: Iterable[ReaderTensor]) -> dict[str, torch.Tensor]:
+        converted: dict[str, torch.Tensor] = {}
+        for tensor in tensors:
+            converted.update(self.convert(tensor))
+        self.check_complete(converted)
+        return converted

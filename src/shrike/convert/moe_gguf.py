@@ -9,15 +9,14 @@ RoPE (undone here); Qwen's are in Hugging Face order. llama.cpp renormalises the
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 
-import torch
+import numpy as np
 from gguf import Keys, ReaderTensor
 
 from shrike.convert.gguf_metadata import GGUFMetadata
 from shrike.convert.llama_config import llama_config
-from shrike.convert.llama_weights import LAYER_NAMES, dequantized, hf_tensor_name, undo_rope_permutation
+from shrike.convert.llama_weights import LAYER_NAMES, TensorConverter, hf_tensor_name
 
 _MERGED_EXPERTS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 
@@ -64,63 +63,64 @@ def mixtral_config(meta: GGUFMetadata, vocab_size: int, has_output_weight: bool)
     return config
 
 
-def _layout(config: dict) -> _Layout:
-    return _QWEN3MOE if config["architectures"][0] == "Qwen3MoeForCausalLM" else _MIXTRAL
+class MoeTensors(TensorConverter):
+    def __init__(self, config: dict):
+        self.kind = _QWEN3MOE if config["architectures"][0] == "Qwen3MoeForCausalLM" else _MIXTRAL
+        self.model = f"{self.kind.model} (experts merged as {', '.join(_MERGED_EXPERTS)})"
+        self.layer_names = {**{k: v for k, v in LAYER_NAMES.items() if not k.startswith(("ffn_gate", "ffn_up",
+                                                                                              "ffn_down"))},
+                            "ffn_gate_inp": f"{self.kind.block}.gate"}
+        if self.kind.qk_norm:
+            self.layer_names.update({"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"})
+        super().__init__(config)
 
+    def expected_shapes(self, config: dict) -> dict[str, tuple[int, ...]]:
+        hidden, head_dim = config["hidden_size"], config["head_dim"]
+        inter = config.get("moe_intermediate_size") or config["intermediate_size"]
+        experts = config.get("num_experts") or config["num_local_experts"]
+        q_rows, kv_rows = config["num_attention_heads"] * head_dim, config["num_key_value_heads"] * head_dim
+        shapes = {"model.embed_tokens.weight": (config["vocab_size"], hidden), "model.norm.weight": (hidden,)}
+        if not config["tie_word_embeddings"]:
+            shapes["lm_head.weight"] = (config["vocab_size"], hidden)
+        block = self.kind.block
+        gate, up, down = self.kind.expert_names
+        per_layer = {
+            "input_layernorm": (hidden,), "post_attention_layernorm": (hidden,),
+            "self_attn.q_proj": (q_rows, hidden), "self_attn.k_proj": (kv_rows, hidden),
+            "self_attn.v_proj": (kv_rows, hidden), "self_attn.o_proj": (hidden, q_rows),
+            f"{block}.gate": (experts, hidden),
+            **{f"{block}.experts.{e}.{name}": shape for e in range(experts)
+               for name, shape in ((gate, (inter, hidden)), (up, (inter, hidden)), (down, (hidden, inter)))},
+        }
+        if self.kind.qk_norm:
+            per_layer.update({"self_attn.q_norm": (head_dim,), "self_attn.k_norm": (head_dim,)})
+        for layer in range(config["num_hidden_layers"]):
+            for module, shape in per_layer.items():
+                shapes[f"model.layers.{layer}.{module}.weight"] = shape
+        return shapes
 
-def _expected_shapes(config: dict, layout: _Layout) -> dict[str, tuple[int, ...]]:
-    hidden, head_dim = config["hidden_size"], config["head_dim"]
-    inter = config.get("moe_intermediate_size") or config["intermediate_size"]
-    experts = config.get("num_experts") or config["num_local_experts"]
-    q_rows, kv_rows = config["num_attention_heads"] * head_dim, config["num_key_value_heads"] * head_dim
-    shapes = {"model.embed_tokens.weight": (config["vocab_size"], hidden), "model.norm.weight": (hidden,)}
-    if not config["tie_word_embeddings"]:
-        shapes["lm_head.weight"] = (config["vocab_size"], hidden)
-    gate, up, down = layout.expert_names
-    per_layer = {
-        "input_layernorm": (hidden,), "post_attention_layernorm": (hidden,),
-        "self_attn.q_proj": (q_rows, hidden), "self_attn.k_proj": (kv_rows, hidden),
-        "self_attn.v_proj": (kv_rows, hidden), "self_attn.o_proj": (hidden, q_rows),
-        f"{layout.block}.gate": (experts, hidden),
-        **{f"{layout.block}.experts.{e}.{name}": shape for e in range(experts)
-           for name, shape in ((gate, (inter, hidden)), (up, (inter, hidden)), (down, (hidden, inter)))},
-    }
-    if layout.qk_norm:
-        per_layer.update({"self_attn.q_norm": (head_dim,), "self_attn.k_norm": (head_dim,)})
-    for layer in range(config["num_hidden_layers"]):
-        for module, shape in per_layer.items():
-            shapes[f"model.layers.{layer}.{module}.weight"] = shape
-    return shapes
-
-
-def convert_moe_tensors(tensors: Iterable[ReaderTensor], config: dict) -> dict[str, torch.Tensor]:
-    layout = _layout(config)
-    names = {**{k: v for k, v in LAYER_NAMES.items() if not k.startswith(("ffn_gate", "ffn_up", "ffn_down"))},
-             "ffn_gate_inp": f"{layout.block}.gate"}
-    if layout.qk_norm:
-        names.update({"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"})
-    rope_heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
-    shapes = _expected_shapes(config, layout)
-    converted: dict[str, torch.Tensor] = {}
-    for tensor in tensors:
-        parts = tensor.name.split(".")
-        kind = parts[2] if len(parts) == 4 and parts[0] == "blk" else None
-        weight = dequantized(tensor)
-        if kind in _MERGED_EXPERTS:  # (E, rows, cols) -> one tensor per expert
-            expert_name = layout.expert_names[_MERGED_EXPERTS.index(kind)]
-            pieces = {f"model.layers.{parts[1]}.{layout.block}.experts.{e}.{expert_name}.weight": weight[e]
-                      for e in range(weight.shape[0])}
+    def names(self, tensor: ReaderTensor) -> list[str]:
+        merged = _merged_kind(tensor)
+        if merged:  # (E, rows, cols): one tensor per expert; GGUF lists the expert dimension last
+            expert_name = self.kind.expert_names[_MERGED_EXPERTS.index(merged)]
+            layer = tensor.name.split(".")[1]
+            names = [f"model.layers.{layer}.{self.kind.block}.experts.{e}.{expert_name}.weight"
+                     for e in range(int(tensor.shape[-1]))]
         else:
-            if layout.permuted_qk and kind in rope_heads:
-                weight = undo_rope_permutation(weight, rope_heads[kind])
-            merged = ", ".join(_MERGED_EXPERTS)
-            pieces = {hf_tensor_name(tensor.name, names, f"{layout.model} (experts merged as {merged})"): weight}
-        for name, piece in pieces.items():
-            if shapes.get(name) != tuple(piece.shape):
-                raise ValueError(f"GGUF tensor {tensor.name!r} does not fit {layout.model} as the file's metadata "
-                                 f"describes it ({name}: {list(piece.shape)}, expected {list(shapes.get(name, ()))})")
-            converted[name] = torch.from_numpy(piece.copy()).to(torch.bfloat16)
-    missing = sorted(set(shapes) - set(converted))
-    if missing:
-        raise ValueError(f"the GGUF file lacks {len(missing)} tensors {layout.model} needs, e.g. {missing[:3]}")
-    return converted
+            names = [hf_tensor_name(tensor.name, self.layer_names, self.model)]
+        if any(name not in self.shapes for name in names):
+            raise ValueError(f"GGUF tensor {tensor.name!r} does not fit the model described by the file's metadata")
+        return names
+
+    def layout(self, tensor: ReaderTensor, weight: np.ndarray) -> dict[str, np.ndarray]:
+        if _merged_kind(tensor):
+            return dict(zip(self.names(tensor), weight))
+        if self.kind.permuted_qk:
+            return super().layout(tensor, weight)
+        return {self.names(tensor)[0]: weight}
+
+
+def _merged_kind(tensor: ReaderTensor) -> str | None:
+    """ffn_gate_exps, ffn_up_exps or ffn_down_exps for a layer's merged experts, else None."""
+    parts = tensor.name.split(".")
+    return parts[2] if len(parts) == 4 and parts[0] == "blk" and parts[2] in _MERGED_EXPERTS else None

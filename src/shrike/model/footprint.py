@@ -13,7 +13,7 @@ from pathlib import Path
 class Footprint:
     total_params: int
     active_params: int  # per token (the embedding and lm_head included, as model cards count them)
-    weight_bytes: int  # as stored in the checkpoint's safetensors files
+    weight_bytes: int  # as stored in the checkpoint's safetensors files, or in the GGUF file run natively
     bytes_per_token: int  # read by one decoded token (batch 1)
 
     def describe(self) -> str:
@@ -49,9 +49,13 @@ def _sparse_layers(config: dict) -> list[bool]:
     return [i not in dense and (i + 1) % step == 0 for i in range(layers)]
 
 
-def _tensor_bytes(model_dir: Path) -> dict[str, int]:
-    """Tensor name -> stored bytes, from the safetensors headers (nothing is read but the headers)."""
-    sizes = {}
+def _tensor_bytes(source: Path) -> dict[str, int]:
+    """Tensor name -> stored bytes, from the safetensors headers of a checkpoint directory, or from a GGUF file's
+    tensor list under their Hugging Face names (nothing is read but the headers)."""
+    if source.suffix.lower() == ".gguf" and source.is_file():
+        from shrike.model.weights import GGUFTensors  # it imports torch, which `shrike doctor` otherwise does not
+        return GGUFTensors(source).stored_bytes()
+    model_dir, sizes = source, {}
     for path in sorted(model_dir.glob("*.safetensors")):
         with open(path, "rb") as f:
             try:
@@ -65,16 +69,17 @@ def _tensor_bytes(model_dir: Path) -> dict[str, int]:
     return sizes
 
 
-def footprint(model_dir: Path, config: dict) -> Footprint:
-    """config: the checkpoint's config.json as a dict. Raises KeyError for a config without the fields counted,
-    ValueError for a file that is no safetensors file."""
+def footprint(source: Path, config: dict) -> Footprint:
+    """source: a checkpoint directory, or the GGUF file a model runs from natively; config: its config.json as a
+    dict. Raises KeyError for a config without the fields counted, ValueError for a file that is no safetensors
+    or GGUF file."""
     sparse = _sparse_layers(config)
     layers = [_layer_params(config, s) for s in sparse]
     embedding = config["vocab_size"] * config["hidden_size"]
     head = 0 if config.get("tie_word_embeddings") else embedding
     total = sum(t for t, _ in layers) + embedding + head + config["hidden_size"]
     active = sum(a for _, a in layers) + embedding + head + config["hidden_size"]
-    sizes = _tensor_bytes(Path(model_dir))
+    sizes = _tensor_bytes(Path(source))
     stored = sum(sizes.values())
     skipped = sum(b for n, b in sizes.items() if "embed_tokens" in n)
     if config.get("tie_word_embeddings"):

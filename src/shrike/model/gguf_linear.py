@@ -1,14 +1,15 @@
 """Linear layers of a GGUF file run as the file stores them (the default for `shrike serve model.gguf`).
 
-The make_linear of a model loaded from a GGUF file's conversion: a linear whose tensors are of a type
-in convert.gguf_blocks.TYPES is built from the file's quant blocks, repacked losslessly, instead of
-from the bf16 conversion. Every mix becomes a grouped weight (kernels.GroupedWeight), in groups of 16
+The make_linear of a model loaded from a GGUF file: a linear whose tensors are of a type in
+convert.gguf_blocks.TYPES is built from the file's quant blocks, repacked losslessly, instead of being
+converted to bf16. Every mix becomes a grouped weight (kernels.GroupedWeight), in groups of 16
 when any part has them (a group of 32 is two of 16 with the same scale and min), 4-bit when every part
 is and all or none of them have mins. Layers of other types (F16, BF16, F32, Q2_K, Q3_K, the other
-i-quants) load from the bf16 conversion as before. The lm_head (output.weight, or the tied
+i-quants) are converted to bf16 as `shrike convert` converts them, read from the file when the model
+asks for them (model.weights.GGUFTensors). The lm_head (output.weight, or the tied
 token_embd.weight) runs from the file's blocks when its type has a kernel; the embedding table is then
-read by rows from the same packed blocks (kernels.packed_table_args), dequantized as the bf16 conversion
-holds them, so a tied table is held once and in the file's size.
+read by rows from the same packed blocks (kernels.packed_table_args), dequantized and rounded to bf16
+as the conversion would hold them, so a tied table is held once and in the file's size.
 Mixture-of-experts files merge each layer's experts into one tensor per projection (ffn_*_exps,
 (experts, rows, row bytes)); each expert's linear is its slice of that tensor.
 """
@@ -73,10 +74,10 @@ class GGUFLinearFactory:
         self.rope_heads = {"attn_q": config.num_heads, "attn_k": config.num_kv_heads} if architecture == "llama" else {}
         self.dtype, self.ops = dtype, ops
         self.native: dict[str, str] = {}  # GGUF tensor name -> its type, for tensors run from the file's blocks
-        self.converted: dict[str, str] = {}  # the same for tensors loaded from the bf16 conversion
+        self.converted: dict[str, str] = {}  # the same for tensors converted to bf16
         self.description = "Repacking"
         self.head = "not the lm_head"  # whether lm_head() gave the head
-        self.embedding = "the embedding table from the bf16 conversion"
+        self.embedding = "the embedding table converted to bf16"
         self.freed = FreedMemory()  # the blocks' values as they are unpacked, returned to the OS as they add up
 
     def __call__(self, tensors: CheckpointTensors, prefixes: list[str], in_features: int, out_features: list[int],
@@ -103,7 +104,7 @@ class GGUFLinearFactory:
 
     def lm_head(self, vocab_size: int) -> LMHead | None:
         """The lm_head from the file's blocks (output.weight, or the tied token_embd.weight), or None when
-        their type has no kernel (the head then stays the bf16 conversion's)."""
+        their type has no kernel (the head then stays the one converted to bf16)."""
         tensor = self.tensors.get("output.weight") or self.tensors.get("token_embd.weight")
         if tensor.tensor_type not in TYPES or int(tensor.shape[0]) % 32:
             return None

@@ -16,7 +16,7 @@ from shrike.layers.lm_head import LM_HEAD_QUANT, LMHead, int8_lm_head
 from shrike.model.config import ModelConfig
 from shrike.model.gguf_linear import GGUF_WEIGHTS, GGUFLinearFactory, native_activation_dtype
 from shrike.model.llama import CausalLM
-from shrike.model.weights import CheckpointTensors
+from shrike.model.weights import CheckpointTensors, GGUFTensors
 from shrike.platform.memory import KVCachePlan, kv_bytes_per_token, plan_kv_cache, read_memory, return_freed_memory
 from shrike.plugins import build_registry
 from shrike.quantization.backends import ACTIVATION_QUANT, select_backend
@@ -37,6 +37,7 @@ def resolve_dtype(name: str, config: ModelConfig) -> torch.dtype:
 @dataclass
 class LoadedModel:
     model_dir: Path
+    weights_source: Path  # the GGUF file a model runs from natively, else model_dir
     config: ModelConfig
     tokenizer: Tokenizer
     model: CausalLM  # or a plugin architecture's model
@@ -92,11 +93,11 @@ def load_model(model: str | None, dtype: str = "auto", max_model_len: int | None
         raise ConfigError(f"--activation-quant {activation_quant!r} is not known; use {' or '.join(ACTIVATION_QUANT)}")
     if gguf_weights not in GGUF_WEIGHTS:
         raise ConfigError(f"--gguf-weights {gguf_weights!r} is not known; use {' or '.join(GGUF_WEIGHTS)}")
-    model_dir = resolve_model(model)
+    gguf_file = gguf_source(model) if gguf_weights == "native" else None
+    model_dir = resolve_model(model, weights=gguf_file is None)  # a file run natively is read from itself
     config = ModelConfig.from_dir(model_dir)
     registry = build_registry()
     architecture = registry.architecture(config.architecture).target
-    gguf_file = gguf_source(model) if gguf_weights == "native" else None
     torch_dtype = native_activation_dtype(gguf_file) if gguf_file and dtype == "auto" else resolve_dtype(dtype, config)
     select_backend(kernel_backend)  # an unknown name fails before anything loads
     ops = registry.op_table(kernel_backend)
@@ -115,10 +116,11 @@ def load_model(model: str | None, dtype: str = "auto", max_model_len: int | None
         raise ConfigError(f"--max-model-len {max_model_len} is outside what the model supports (2..{limit})")
     template = Path(chat_template).read_text() if chat_template and Path(chat_template).is_file() else chat_template
     tokenizer = Tokenizer(model_dir, chat_template=template)
-    tensors = CheckpointTensors(model_dir)
+    tensors = CheckpointTensors(model_dir) if gguf_file is None else GGUFTensors(gguf_file)
     available_before = read_memory().available_bytes
     action = make_linear.description if make_linear else "Loading"
-    bar = tqdm(total=config.num_layers, desc=f"{action} {model_dir.name}", unit="layer", disable=not progress)
+    bar = tqdm(total=config.num_layers, desc=f"{action} {(gguf_file or model_dir).name}", unit="layer",
+               disable=not progress)
     net = architecture(config, tensors, torch_dtype, make_linear=make_linear, max_positions=max_model_len,
                        progress=lambda done: bar.update(done - bar.n), ops=ops)
     bar.close()
@@ -136,7 +138,8 @@ def load_model(model: str | None, dtype: str = "auto", max_model_len: int | None
         if not isinstance(getattr(net, "lm_head", None), LMHead):
             raise ConfigError(f"--lm-head-quant int8 is not supported by the {config.architecture} architecture")
         net.lm_head = int8_lm_head(net.lm_head, model_dir, kernel_backend)  # the bf16 head and its tiles are freed
-    # A file run from its blocks holds its own repacked tensors, not the bf16 conversion that model_dir has.
-    weight_bytes = held_bytes(net) if isinstance(make_linear, GGUFLinearFactory) else \
+    # A file run from its blocks holds its own repacked tensors and the few it converted.
+    weight_bytes = held_bytes(net) if gguf_file is not None else \
         sum(p.stat().st_size for p in model_dir.glob("*.safetensors"))
-    return LoadedModel(model_dir, config, tokenizer, net, torch_dtype, max_model_len, weight_bytes, available_before)
+    return LoadedModel(model_dir, gguf_file or model_dir, config, tokenizer, net, torch_dtype, max_model_len,
+                       weight_bytes, available_before)

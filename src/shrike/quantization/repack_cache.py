@@ -1,10 +1,11 @@
 """Repacked weights, cached on disk under a key derived from the checkpoint's content.
 
 The key hashes config.json, every safetensors header and size, and a sample of each file's
-bytes, plus the cache layout and the backend variant (kernel layout version and ISA). It never
-contains a path, so a moved checkpoint or cache directory still hits. Each cached layer is a
-safetensors file whose size and CRC-32 are recorded in the entry's manifest and checked before
-the file is memory-mapped; a file that fails the check is rebuilt from the checkpoint.
+bytes (for a GGUF file's description, the file's content hash), plus the cache layout and the
+backend variant (kernel layout version and ISA). It never contains a path, so a moved checkpoint
+or cache directory still hits. Each cached layer is a safetensors file whose size and CRC-32 are
+recorded in the entry's manifest and checked before the file is memory-mapped; a file that fails
+the check is rebuilt from the checkpoint.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from shrike.default_model import cache_dir, process_alive
+from shrike.default_model import SOURCE_FILE, cache_dir, process_alive
 from shrike.quantization.safetensors_io import CheckpointFiles, StreamingSafetensorsWriter, TensorSpec
 
 CACHE_LAYOUT_VERSION = 1
@@ -35,6 +36,9 @@ def repack_cache_root() -> Path:
 def checkpoint_identity(files: CheckpointFiles) -> str:
     """A content hash of a checkpoint that is cheap to compute for multi-gigabyte files."""
     digest = hashlib.sha256((files.model_dir / "config.json").read_bytes())
+    source = files.model_dir / SOURCE_FILE  # a GGUF file's description holds no weights: the file's hash stands in
+    if source.is_file():
+        digest.update(source.read_bytes())
     for path in files.files:
         size = path.stat().st_size
         _, data_start = files.headers[path]

@@ -118,7 +118,7 @@ def listen(host: str, port: int) -> socket.socket:
 def _footprint_text(engine: LLMEngine) -> str:
     """' (parameters A B active of T B; a decoded token reads ...)', or nothing when the checkpoint cannot tell."""
     try:
-        return f" ({footprint(engine.model_dir, engine.model_config.raw).describe()})"
+        return f" ({footprint(engine.weights_source, engine.model_config.raw).describe()})"
     except (KeyError, ValueError, OSError):
         return ""
 
@@ -128,7 +128,7 @@ def _startup_line(ctx: ServerContext, engine: LLMEngine, host: str, port: int, g
     plan = engine.kv_plan
     shown_host = f"[{host}]" if ":" in host else host
     return (f"Shrike {__version__} serving {ctx.model_name!r} at http://{shown_host}:{port}/v1 - "
-            f"weights {engine.model_dir}{_footprint_text(engine)}, dtype {str(engine.dtype).removeprefix('torch.')}, "
+            f"weights {engine.weights_source}{_footprint_text(engine)}, dtype {str(engine.dtype).removeprefix('torch.')}, "
             f"kernels {kernels.active_isa()}, max-model-len {engine.max_model_len}, "
             f"KV cache {str(engine.kv_dtype).removeprefix('torch.')} {plan.bytes_per_token} bytes/token, "
             f"{plan.capacity_tokens} tokens in {plan.cache_bytes / (1 << 30):.2f} GiB ({plan.reason}; "

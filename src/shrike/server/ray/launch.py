@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 
 from shrike import __version__
-from shrike.default_model import DEFAULT_GGUF_FILE, default_model_dir
+from shrike.default_model import DEFAULT_GGUF_FILE, resolve_model
 from shrike.errors import ConfigError
 from shrike.engine.config import engine_config_from_args
 from shrike.server.args import add_serve_arguments
@@ -135,7 +135,7 @@ def app_builder(config: dict):
 def _resolve_model(args: argparse.Namespace) -> None:
     if args.model is None:
         # Convert the default model once here rather than in every replica of this machine at once.
-        default_model_dir()
+        resolve_model(None, weights=args.gguf_weights != "native")
         args.served_model_name = args.served_model_name or [DEFAULT_GGUF_FILE.split(".")[0]]
         return
     path = Path(args.model).expanduser()
