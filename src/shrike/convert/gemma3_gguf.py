@@ -15,7 +15,7 @@ from gguf import Keys, ReaderTensor
 
 from shrike.convert.gguf_metadata import GGUFMetadata, float32_value
 from shrike.convert.llama_config import rope_scaling_config
-from shrike.convert.llama_weights import LAYER_NAMES, TensorConverter
+from shrike.convert.llama_weights import LAYER_NAMES, TensorConverter, attention_shapes, mlp_shapes
 
 _SLIDING_WINDOW_PATTERN = 6
 _LOCAL_ROPE_BASE = 10000.0
@@ -77,24 +77,11 @@ class Gemma3Tensors(TensorConverter):
     model = "a Gemma 3 text model"
     layer_names = _LAYER_NAMES
 
-    def expected_shapes(self, config: dict) -> dict[str, tuple[int, ...]]:
-        hidden, ffn, head_dim = config["hidden_size"], config["intermediate_size"], config["head_dim"]
-        q_rows, kv_rows = config["num_attention_heads"] * head_dim, config["num_key_value_heads"] * head_dim
-        shapes = {"model.embed_tokens.weight": (config["vocab_size"], hidden), "model.norm.weight": (hidden,)}
-        if not config["tie_word_embeddings"]:
-            shapes["lm_head.weight"] = (config["vocab_size"], hidden)
-        per_layer = {
-            "input_layernorm": (hidden,), "post_attention_layernorm": (hidden,),
-            "pre_feedforward_layernorm": (hidden,), "post_feedforward_layernorm": (hidden,),
-            "self_attn.q_proj": (q_rows, hidden), "self_attn.k_proj": (kv_rows, hidden),
-            "self_attn.v_proj": (kv_rows, hidden), "self_attn.o_proj": (hidden, q_rows),
-            "self_attn.q_norm": (head_dim,), "self_attn.k_norm": (head_dim,),
-            "mlp.gate_proj": (ffn, hidden), "mlp.up_proj": (ffn, hidden), "mlp.down_proj": (hidden, ffn),
-        }
-        for layer in range(config["num_hidden_layers"]):
-            for module, shape in per_layer.items():
-                shapes[f"model.layers.{layer}.{module}.weight"] = shape
-        return shapes
+    def layer_shapes(self, config: dict) -> dict[str, tuple[int, ...]]:
+        hidden, head_dim = config["hidden_size"], config["head_dim"]
+        return {**attention_shapes(config), **mlp_shapes(config),
+                "pre_feedforward_layernorm": (hidden,), "post_feedforward_layernorm": (hidden,),
+                "self_attn.q_norm": (head_dim,), "self_attn.k_norm": (head_dim,)}
 
     def layout(self, tensor: ReaderTensor, weight: np.ndarray) -> dict[str, np.ndarray]:
         (name,) = self.names(tensor)

@@ -46,32 +46,21 @@ def hf_tensor_name(gguf_name: str, layer_names: dict[str, str] = LAYER_NAMES,
     )
 
 
-def expected_shapes(config: dict) -> dict[str, tuple[int, ...]]:
+def attention_shapes(config: dict) -> dict[str, tuple[int, ...]]:
+    """A decoder layer's norms around attention and its q/k/v/o projections (Llama's, Gemma's and the MoE models')."""
     hidden = config["hidden_size"]
-    ffn = config["intermediate_size"]
     q_rows = config["num_attention_heads"] * config["head_dim"]
     kv_rows = config["num_key_value_heads"] * config["head_dim"]
-    shapes = {
-        "model.embed_tokens.weight": (config["vocab_size"], hidden),
-        "model.norm.weight": (hidden,),
+    return {
+        "input_layernorm": (hidden,), "post_attention_layernorm": (hidden,),
+        "self_attn.q_proj": (q_rows, hidden), "self_attn.k_proj": (kv_rows, hidden),
+        "self_attn.v_proj": (kv_rows, hidden), "self_attn.o_proj": (hidden, q_rows),
     }
-    if not config["tie_word_embeddings"]:
-        shapes["lm_head.weight"] = (config["vocab_size"], hidden)
-    per_layer = {
-        "input_layernorm": (hidden,),
-        "post_attention_layernorm": (hidden,),
-        "self_attn.q_proj": (q_rows, hidden),
-        "self_attn.k_proj": (kv_rows, hidden),
-        "self_attn.v_proj": (kv_rows, hidden),
-        "self_attn.o_proj": (hidden, q_rows),
-        "mlp.gate_proj": (ffn, hidden),
-        "mlp.up_proj": (ffn, hidden),
-        "mlp.down_proj": (hidden, ffn),
-    }
-    for layer in range(config["num_hidden_layers"]):
-        for module, shape in per_layer.items():
-            shapes[f"model.layers.{layer}.{module}.weight"] = shape
-    return shapes
+
+
+def mlp_shapes(config: dict) -> dict[str, tuple[int, ...]]:
+    hidden, ffn = config["hidden_size"], config["intermediate_size"]
+    return {"mlp.gate_proj": (ffn, hidden), "mlp.up_proj": (ffn, hidden), "mlp.down_proj": (hidden, ffn)}
 
 
 def undo_rope_permutation(weight: np.ndarray, num_heads: int) -> np.ndarray:
@@ -116,8 +105,21 @@ class TensorConverter:
         self.config = config
         self.shapes = self.expected_shapes(config)
 
+    def layer_shapes(self, config: dict) -> dict[str, tuple[int, ...]]:
+        """Shapes of one decoder layer's tensors, by their name under model.layers.{i}. (without .weight)."""
+        return {**attention_shapes(config), **mlp_shapes(config)}
+
     def expected_shapes(self, config: dict) -> dict[str, tuple[int, ...]]:
-        return expected_shapes(config)
+        """Every tensor the model needs: the embedding table, the final norm, an untied lm_head, each layer's."""
+        hidden = config["hidden_size"]
+        shapes = {"model.embed_tokens.weight": (config["vocab_size"], hidden), "model.norm.weight": (hidden,)}
+        if not config["tie_word_embeddings"]:
+            shapes["lm_head.weight"] = (config["vocab_size"], hidden)
+        per_layer = self.layer_shapes(config)
+        for layer in range(config["num_hidden_layers"]):
+            for module, shape in per_layer.items():
+                shapes[f"model.layers.{layer}.{module}.weight"] = shape
+        return shapes
 
     def names(self, tensor: ReaderTensor) -> list[str]:
         """The Hugging Face tensors `tensor` becomes; ValueError when the model has no place for it."""

@@ -16,7 +16,7 @@ from gguf import Keys, ReaderTensor
 
 from shrike.convert.gguf_metadata import GGUFMetadata
 from shrike.convert.llama_config import llama_config
-from shrike.convert.llama_weights import LAYER_NAMES, TensorConverter, hf_tensor_name
+from shrike.convert.llama_weights import LAYER_NAMES, TensorConverter, attention_shapes, hf_tensor_name
 
 _MERGED_EXPERTS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 
@@ -74,29 +74,19 @@ class MoeTensors(TensorConverter):
             self.layer_names.update({"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"})
         super().__init__(config)
 
-    def expected_shapes(self, config: dict) -> dict[str, tuple[int, ...]]:
+    def layer_shapes(self, config: dict) -> dict[str, tuple[int, ...]]:
         hidden, head_dim = config["hidden_size"], config["head_dim"]
         inter = config.get("moe_intermediate_size") or config["intermediate_size"]
         experts = config.get("num_experts") or config["num_local_experts"]
-        q_rows, kv_rows = config["num_attention_heads"] * head_dim, config["num_key_value_heads"] * head_dim
-        shapes = {"model.embed_tokens.weight": (config["vocab_size"], hidden), "model.norm.weight": (hidden,)}
-        if not config["tie_word_embeddings"]:
-            shapes["lm_head.weight"] = (config["vocab_size"], hidden)
         block = self.kind.block
         gate, up, down = self.kind.expert_names
-        per_layer = {
-            "input_layernorm": (hidden,), "post_attention_layernorm": (hidden,),
-            "self_attn.q_proj": (q_rows, hidden), "self_attn.k_proj": (kv_rows, hidden),
-            "self_attn.v_proj": (kv_rows, hidden), "self_attn.o_proj": (hidden, q_rows),
-            f"{block}.gate": (experts, hidden),
+        shapes = {
+            **attention_shapes(config), f"{block}.gate": (experts, hidden),
             **{f"{block}.experts.{e}.{name}": shape for e in range(experts)
                for name, shape in ((gate, (inter, hidden)), (up, (inter, hidden)), (down, (hidden, inter)))},
         }
         if self.kind.qk_norm:
-            per_layer.update({"self_attn.q_norm": (head_dim,), "self_attn.k_norm": (head_dim,)})
-        for layer in range(config["num_hidden_layers"]):
-            for module, shape in per_layer.items():
-                shapes[f"model.layers.{layer}.{module}.weight"] = shape
+            shapes.update({"self_attn.q_norm": (head_dim,), "self_attn.k_norm": (head_dim,)})
         return shapes
 
     def names(self, tensor: ReaderTensor) -> list[str]:
