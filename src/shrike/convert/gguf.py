@@ -46,7 +46,9 @@ def check_architecture(meta: GGUFMetadata) -> None:
 
 @dataclass
 class GGUFModel:
-    """A GGUF file read as a Hugging Face-style model: its config.json, and how its tensors convert."""
+    """A GGUF file read as a Hugging Face-style model: its config.json, and how its tensors convert. Reading the
+    metadata of a large vocabulary takes seconds: one load reads it once."""
+    path: Path
     reader: FastGGUFReader
     meta: GGUFMetadata
     config: dict  # config.json
@@ -65,7 +67,7 @@ def read_gguf_model(src: Path) -> GGUFModel:
     build_config, converter = MIXTRAL if meta.architecture == "llama" and is_moe(meta) \
         else ARCHITECTURES[meta.architecture]
     config = build_config(meta, vocab_size=vocab_size, has_output_weight="output.weight" in tensor_names)
-    return GGUFModel(reader, meta, config, converter(config))
+    return GGUFModel(Path(src), reader, meta, config, converter(config))
 
 
 def convert_gguf(src: Path, dst: Path, progress: bool = True, weights: bool = True) -> None:

@@ -53,8 +53,9 @@ def _tensor_bytes(source: Path) -> dict[str, int]:
     """Tensor name -> stored bytes, from the safetensors headers of a checkpoint directory, or from a GGUF file's
     tensor list under their Hugging Face names (nothing is read but the headers)."""
     if source.suffix.lower() == ".gguf" and source.is_file():
-        from shrike.model.weights import GGUFTensors  # it imports torch, which `shrike doctor` otherwise does not
-        return GGUFTensors(source).stored_bytes()
+        from shrike.convert.gguf import read_gguf_model  # they import torch, which `shrike doctor` otherwise does not
+        from shrike.model.weights import GGUFTensors
+        return GGUFTensors(read_gguf_model(source)).stored_bytes()
     model_dir, sizes = source, {}
     for path in sorted(model_dir.glob("*.safetensors")):
         with open(path, "rb") as f:

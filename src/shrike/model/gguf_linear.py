@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from shrike.convert.gguf import open_gguf
+from shrike.convert.gguf import GGUFModel
 from shrike.convert.gguf_blocks import TYPES, GroupedBlocks, grouped_blocks
 from shrike.convert.llama_weights import LAYER_NAMES, undo_rope_permutation
 from shrike.kernels import GroupedWeight
@@ -42,12 +41,12 @@ _EXPERT_PART = {"gate_proj": "ffn_gate_exps", "w1": "ffn_gate_exps", "up_proj": 
 GGUF_WEIGHTS = ("native", "bf16")  # --gguf-weights
 
 
-def native_activation_dtype(gguf_path: Path) -> torch.dtype:
+def native_activation_dtype(gguf: GGUFModel) -> torch.dtype:
     """--dtype auto for a file run natively: float32, as llama.cpp computes, when every matrix of the file is of a
     type with a kernel (only norms and activations then take the dtype, and a bf16 residual stream and KV cache
     move perplexity by about 1% from llama.cpp's); bfloat16 when some matrix loads from the conversion, which
     would double its memory in float32."""
-    matrices = [t for t in open_gguf(gguf_path).tensors if len(t.shape) >= 2]
+    matrices = [t for t in gguf.reader.tensors if len(t.shape) >= 2]
     return torch.float32 if all(t.tensor_type in TYPES for t in matrices) else torch.bfloat16
 
 
@@ -66,8 +65,8 @@ def gguf_tensor_name(prefix: str) -> tuple[str, int | None] | None:
 
 
 class GGUFLinearFactory:
-    def __init__(self, gguf_path: Path, config: ModelConfig, dtype: torch.dtype, ops):
-        reader = open_gguf(gguf_path)
+    def __init__(self, gguf: GGUFModel, config: ModelConfig, dtype: torch.dtype, ops):
+        reader = gguf.reader
         self.tensors = {t.name: t for t in reader.tensors}
         # llama.cpp reorders the q and k rows of 'llama' files for its rotary layout (llama_weights.py)
         architecture = str(bytes(reader.fields["general.architecture"].parts[-1]), "utf-8")

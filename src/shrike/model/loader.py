@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from shrike.convert.gguf import read_gguf_model
 from shrike.default_model import gguf_source, resolve_model
 from shrike.errors import ConfigError
 from shrike.layers.kv_dtypes import kv_cache_bytes
@@ -98,7 +99,8 @@ def load_model(model: str | None, dtype: str = "auto", max_model_len: int | None
     config = ModelConfig.from_dir(model_dir)
     registry = build_registry()
     architecture = registry.architecture(config.architecture).target
-    torch_dtype = native_activation_dtype(gguf_file) if gguf_file and dtype == "auto" else resolve_dtype(dtype, config)
+    gguf = read_gguf_model(gguf_file) if gguf_file else None  # shared: its metadata takes seconds to read
+    torch_dtype = native_activation_dtype(gguf) if gguf and dtype == "auto" else resolve_dtype(dtype, config)
     select_backend(kernel_backend)  # an unknown name fails before anything loads
     ops = registry.op_table(kernel_backend)
     make_linear = None  # dense layers
@@ -108,7 +110,7 @@ def load_model(model: str | None, dtype: str = "auto", max_model_len: int | None
         extra = {"ops": ops, "activation_quant": activation_quant} if scheme.provider == "shrike" else {}
         make_linear = scheme.target(config, model_dir, torch_dtype, kernel_backend, **extra)
     if gguf_file is not None:
-        make_linear = GGUFLinearFactory(gguf_file, config, torch_dtype, ops)
+        make_linear = GGUFLinearFactory(gguf, config, torch_dtype, ops)
     limit = config.max_position_embeddings
     if max_model_len is None:
         max_model_len = limit
@@ -116,7 +118,7 @@ def load_model(model: str | None, dtype: str = "auto", max_model_len: int | None
         raise ConfigError(f"--max-model-len {max_model_len} is outside what the model supports (2..{limit})")
     template = Path(chat_template).read_text() if chat_template and Path(chat_template).is_file() else chat_template
     tokenizer = Tokenizer(model_dir, chat_template=template)
-    tensors = CheckpointTensors(model_dir) if gguf_file is None else GGUFTensors(gguf_file)
+    tensors = CheckpointTensors(model_dir) if gguf is None else GGUFTensors(gguf)
     available_before = read_memory().available_bytes
     action = make_linear.description if make_linear else "Loading"
     bar = tqdm(total=config.num_layers, desc=f"{action} {(gguf_file or model_dir).name}", unit="layer",

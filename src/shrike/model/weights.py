@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
-from shrike.convert.gguf import read_gguf_model
+from shrike.convert.gguf import GGUFModel
 from shrike.errors import ConfigError
 from shrike.quantization.safetensors_io import read_header
 
@@ -74,12 +74,11 @@ class GGUFTensors(NamedTensors):
     without a kernel (the norms, and the embedding table and lm_head until the file's blocks replace them),
     so no bf16 copy of the whole model is ever written."""
 
-    def __init__(self, gguf_path: Path):
-        model = read_gguf_model(gguf_path)
+    def __init__(self, model: GGUFModel):
         self._converter = model.converter
         self._source = {name: tensor for tensor in model.reader.tensors for name in model.converter.names(tensor)}
         model.converter.check_complete(self._source)
-        self.model_dir = Path(gguf_path)
+        self.model_dir = model.path
         self._pending: dict[str, torch.Tensor] = {}  # converted but not yet asked for: a merged tensor's experts
 
     def __contains__(self, name: str) -> bool:
