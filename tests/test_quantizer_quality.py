@@ -128,3 +128,102 @@ def test_w4a8_g128_runs_on_smollm2s_576_wide_layers(default_model_dir, tmp_path,
         ids = loaded.tokenizer.encode(text, add_special_tokens=False)
         ppl[backend] = evaluate_perplexity(loaded.model, ids, 512).perplexity
     assert ppl["auto"] < 12 and abs(ppl["auto"] / ppl["reference"] - 1) < 0.02, ppl  # bf16: 5.45
+
+
+def _tiny_llama(directory: Path, tokenizer_dir: Path, layers: int = 4) -> Path:
+    """A random 4-layer Llama 64 wide with the default model's tokenizer, saved as a bf16 checkpoint."""
+    import shutil
+    import transformers
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                                      tie_word_embeddings=True)
+    model = transformers.LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.1)
+    model.to(torch.bfloat16).save_pretrained(directory)
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copy(tokenizer_dir / name, directory / name)
+    return directory
+
+
+def _error_on_quantized_inputs(model_dir: Path, text: str, weights: dict[str, torch.Tensor]) -> float:
+    """Sum over linears of trace(D H D^T), D = weight change, H = x x^T of the inputs each layer sees when every
+    earlier layer runs with `weights` (prefix -> (N, K)): the output error the layers add on their real inputs."""
+    from shrike.quantization.calibration import sequential_calibration
+    from shrike.quantization.quantize_checkpoint import _input_owner
+    from shrike.quantization.safetensors_io import CheckpointFiles
+
+    files, total = CheckpointFiles(model_dir), 0.0
+
+    def replace(index, stats):
+        layer = {p: w for p, w in weights.items() if p.startswith(f"model.layers.{index}.")}
+        nonlocal total
+        for prefix, weight in layer.items():
+            change = weight - files.read(f"{prefix}.weight").float()  # (N, K)
+            total += (change @ stats[_input_owner(prefix)].gram * change).sum().item()
+        return layer
+
+    sequential_calibration(model_dir, text, replace)
+    return total
+
+
+def test_sequential_gptq_fits_the_inputs_the_quantized_layers_produce(default_model_dir, tmp_path):
+    """GPTQ with each layer's Hessians from the already quantized layers' outputs (llm-compressor's sequential
+    pipeline) against Hessians from the unquantized model for every layer at once: summed over the layers, the
+    output error each adds on the inputs it really receives is smaller."""
+    from shrike.model.config import ModelConfig
+    from shrike.quantization.calibration import input_statistics
+    from shrike.quantization.quantize_checkpoint import _input_owner, linear_prefixes, sequential_gptq
+    from shrike.quantization.safetensors_io import CheckpointFiles
+
+    model_dir = _tiny_llama(tmp_path / "tiny", default_model_dir)
+    text = (DATA / "calibration_bill_of_rights.txt").read_text()
+    scheme, files = SCHEMES["w4a16-g32"], CheckpointFiles(model_dir)
+    targets = linear_prefixes(ModelConfig.from_dir(model_dir))
+    sequential = {p: dequantize(q, s) for p, (q, s) in
+                  sequential_gptq(model_dir, files, text, targets, {}, scheme, "clip").items()}
+    stats = input_statistics(model_dir, text, gram=True)
+    at_once = {p: dequantize(*gptq_quantize(files.read(f"{p}.weight"), stats[_input_owner(p)].gram, scheme,
+                                            torch.bfloat16)) for p in targets}
+    errors = {name: _error_on_quantized_inputs(model_dir, text, weights)
+              for name, weights in (("sequential", sequential), ("at once", at_once))}
+    assert errors["sequential"] < 0.99 * errors["at once"], errors  # measured 2439 vs 2487
+
+
+def test_act_order_keeps_the_up_front_group_scales():
+    """Act-order with static groups: every scale is the weighted search's choice on the original contiguous group
+    (so no g_idx is needed), and the walk by descending H_jj still beats round to nearest on the output."""
+    gen = torch.Generator().manual_seed(4)
+    mixing = torch.randn(128, 128, generator=gen) / 128 ** 0.5 + torch.eye(128)
+    x = (torch.randn(2048, 128, generator=gen) * torch.rand(128, generator=gen) * 3) @ mixing  # (tokens, K)
+    weight = (torch.randn(96, 128, generator=gen) * 0.05).bfloat16()
+    scheme, hessian = SCHEMES["w4a16-g32"], x.T @ x
+    q, s = gptq_quantize(weight, hessian, scheme, torch.bfloat16, act_order=True)
+    _, up_front = quantize_weight(weight.float(), scheme, torch.bfloat16, "clip", torch.diagonal(hessian))
+    assert torch.equal(s, up_front)
+    rtn_q, rtn_s = quantize_weight(weight, scheme, torch.bfloat16, "clip", torch.diagonal(hessian) / len(x))
+
+    def output_error(q, s):
+        return (x @ (dequantize(q, s) - weight.float()).T).square().sum()
+    assert output_error(q, s) < 0.8 * output_error(rtn_q, rtn_s)
+
+
+def test_generated_calibration_is_reproducible_with_its_seed(default_model_dir, tmp_path):
+    """--calibration-generate: the same seed samples the same text, another seed other text."""
+    from shrike.quantization.calibration import generated_text
+
+    model_dir = _tiny_llama(tmp_path / "tiny", default_model_dir, layers=1)
+    first = generated_text(model_dir, 2, seed=5, tokens=24)
+    assert first == generated_text(model_dir, 2, seed=5, tokens=24)
+    assert first != generated_text(model_dir, 2, seed=6, tokens=24)
+    assert len(first.split("\n\n")) >= 2
+
+
+def test_calibration_generate_rejects_a_negative_count(tmp_path, capsys):
+    assert main(["quantize", str(tmp_path), str(tmp_path / "out"), "--scheme", "w4a16-g64", "--method", "gptq",
+                 "--calibration-generate", "-1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--calibration-generate -1" in err
