@@ -3,7 +3,7 @@ nearest and llama.cpp's Q4_0 / Q8_0 arithmetic, on the same weights, against bf1
 
     shrike bench quality [--models smollm2,gemma3] [--schemes w8a8,w4a8-g128,w4a8-g32,w4a16-g128]
                          [--methods rtn,rtn-cal,gptq,awq,llmcompressor,gguf] [--gguf-types Q4_0,Q4_K_M,Q5_K_M,Q8_0]
-                         [--calibration-generate N] [--out FILE.md]
+                         [--out FILE.md]
 
 Per model and row: perplexity on two public-domain texts (tests/data: the Declaration of Independence with
 the Gettysburg Address and the Constitution's opening, and the Bill of Rights), scored as `shrike eval-ppl`
@@ -15,10 +15,9 @@ of Rights for calibrated rows).
 
 Methods: rtn = `shrike quantize` as shipped (no calibration); rtn-cal = with --calibration; gptq = --method
 gptq; awq = --method awq. Calibrated rows are calibrated on the other text than the one scored (two checkpoints per row), so no
-text is scored on the data it was calibrated on; --calibration-generate N appends N sequences the bf16
-model samples itself (`shrike quantize --calibration-generate`, seed 0) to both calibration texts.
-llmcompressor = compressed-tensors' own min-max round to nearest (calculate_qparams, its compressors; n/a
-where the group does not divide a layer's width). gguf = llama.cpp's rounding applied to the same linear layers, dequantized to bf16: Q4_0 and Q8_0 by the
+text is scored on the data it was calibrated on. llmcompressor = compressed-tensors' own min-max round to
+nearest (calculate_qparams, its compressors; n/a where the group does not divide a layer's width).
+gguf = llama.cpp's rounding applied to the same linear layers, dequantized to bf16: Q4_0 and Q8_0 by the
 `gguf` package's implementation of ggml's reference quantizers, Q4_K_M and Q5_K_M (which the package cannot
 write) by llama.cpp's own `llama-quantize` (LLAMA_QUANTIZE, else on PATH) on a BF16 GGUF export
 (benchmarks/export_gguf.py: Llama-family models only), read back through `shrike convert`; the _M mixes
@@ -45,7 +44,6 @@ from shrike import default_model  # noqa: E402
 from shrike.eval_ppl import evaluate_perplexity, scoring_bos  # noqa: E402
 from shrike.model.config import ModelConfig  # noqa: E402
 from shrike.model.loader import load_model  # noqa: E402
-from shrike.quantization.calibration import generated_text  # noqa: E402
 from shrike.quantization.quantize_checkpoint import linear_prefixes, quantize_checkpoint  # noqa: E402
 from shrike.quantization.safetensors_io import CheckpointFiles  # noqa: E402
 from shrike.quantization.schemes import SCHEMES  # noqa: E402
@@ -169,13 +167,12 @@ def rows_for(methods: list[str], schemes: list[str], gguf_types: list[str]) -> l
     return rows + [(t, "gguf") for t in gguf_types if "gguf" in methods]
 
 
-def run_model(label: str, src: Path, rows: list[tuple[str, str]], work: Path, out, generate: int = 0) -> None:
+def run_model(label: str, src: Path, rows: list[tuple[str, str]], work: Path, out) -> None:
     print(f"\n## {label}\n", file=out)
     print("| weights | method | bits/weight | ppl declaration | ppl bill of rights | vs bf16 | greedy agreement "
           "| multiple choice |", file=out)
     print("|---|---|---|---|---|---|---|---|", file=out, flush=True)
     base = {t: score(src, t) for t in TEXTS}
-    generated = generated_text(src, generate, seed=0) if generate else None
     print(f"| bf16 | - | 16 | {base['declaration'][0]:.3f} | {base['bill of rights'][0]:.3f} | | 100% | "
           f"{accuracy(src, work / 'server.log'):.1%} |", file=out, flush=True)
     for scheme, method in rows:
@@ -188,8 +185,6 @@ def run_model(label: str, src: Path, rows: list[tuple[str, str]], work: Path, ou
             if key not in results.setdefault("_paths", {}):
                 dst = work / f"{scheme}-{method}-{key}".replace(" ", "_")
                 calibration = TEXTS[other].read_text() if calibrated else None
-                if calibration is not None and generated is not None:
-                    calibration += "\n\n" + generated
                 results["_paths"][key], bits = make_checkpoint(src, dst, scheme, method, calibration)
             path = results["_paths"][key]
             results[text] = None if path is None else score(path, text)
@@ -218,8 +213,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--schemes", default="w8a8,w4a8-g128,w4a8-g32,w4a16-g128")
     p.add_argument("--methods", default="rtn,rtn-cal,gptq,awq,llmcompressor,gguf")
     p.add_argument("--gguf-types", default=",".join([*GGUF_TYPES, *K_QUANT_TYPES]))
-    p.add_argument("--calibration-generate", type=int, default=0, metavar="N",
-                   help="append N sequences the bf16 model samples itself to every calibrated row's calibration text")
     p.add_argument("--out", type=Path, default=None, help="also write the table to this Markdown file")
     args = p.parse_args(argv)
     unknown = [s for s in args.schemes.split(",") if s not in SCHEMES]
@@ -229,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     sinks = [sys.stdout] + ([open(args.out, "w")] if args.out else [])
     with tempfile.TemporaryDirectory(prefix="shrike-quality-") as work:
         for label, src in model_dirs(args.models.split(",")).items():
-            run_model(label, src, rows, Path(work), _Tee(sinks), args.calibration_generate)
+            run_model(label, src, rows, Path(work), _Tee(sinks))
     return 0
 
 

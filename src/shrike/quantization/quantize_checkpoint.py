@@ -13,12 +13,12 @@ from tqdm import tqdm
 from shrike.errors import ConfigError
 from shrike.model.config import ModelConfig
 from shrike.model.moe import MOE_ARCHITECTURES, quantizable_linears, router_ignore
-from shrike.quantization.calibration import generated_text, input_statistics, sequential_calibration
+from shrike.quantization.calibration import input_statistics
 from shrike.quantization.compressed_tensors_format import (
     check_format, default_format, matches_any, pack_int, quantization_config, stored_tensor_names,
     stored_tensor_specs)
 from shrike.quantization.gptq import gptq_quantize
-from shrike.quantization.quantizer import SCALE_SEARCHES, dequantize, quantize_weight
+from shrike.quantization.quantizer import SCALE_SEARCHES, quantize_weight
 from shrike.quantization.safetensors_io import (
     DTYPES_BY_CODE, CheckpointFiles, StreamingSafetensorsWriter, TensorSpec)
 from shrike.quantization.schemes import SCHEMES, QuantScheme, scheme_from_name
@@ -53,20 +53,10 @@ def add_quantize_arguments(p: argparse.ArgumentParser) -> None:
                    "--calibration text changes least (needs --calibration; slower); awq: scale each input channel by "
                    "a power of its mean activation, searched per layer on the --calibration text, so that the weights "
                    "of large activations round finely, then round to nearest (needs --calibration)")
-    p.add_argument("--act-order", action="store_true",
-                   help="with --method gptq: round the columns of each layer in descending order of their input "
-                   "energy on the calibration text, each group's scale fixed beforehand from its contiguous weights "
-                   "(llm-compressor's actorder=\"weight\"; the files need no g_idx)")
     p.add_argument("--calibration", type=Path, default=None, metavar="TEXT_FILE",
                    help="text to run the model on first: its inputs weight the scale search and feed --method gptq; "
                    "for W4A8/W8A8 with --method rtn/gptq on Llama-family and Gemma 3 models it also enables "
                    "activation smoothing (SmoothQuant, strength searched per layer)")
-    p.add_argument("--calibration-generate", type=int, default=0, metavar="N",
-                   help="also calibrate on N sequences of 511 tokens the unquantized model samples from BOS at "
-                   "temperature 1 (appended to --calibration, or alone without it): calibration data without a "
-                   "download")
-    p.add_argument("--calibration-seed", type=int, default=0, metavar="S",
-                   help="seed of --calibration-generate: sequence i is sampled with seed S + i (default 0)")
 
 
 def linear_prefixes(config: ModelConfig) -> list[str]:
@@ -78,14 +68,11 @@ def linear_prefixes(config: ModelConfig) -> list[str]:
 def quantize_checkpoint(src: Path, dst: Path, scheme: QuantScheme, fmt: str | None = None,
                         ignore: list[str] = ("lm_head",), scale_search: str | None = None,
                         calibration_text: str | None = None,
-                        progress: bool = True, method: str = "rtn", act_order: bool = False) -> None:
+                        progress: bool = True, method: str = "rtn") -> None:
     if method not in METHODS:
         raise ConfigError(f"unknown quantization method {method!r}; use {' or '.join(METHODS)}")
-    if act_order and method != "gptq":
-        raise ConfigError("--act-order is an option of --method gptq")
     if method in ("gptq", "awq") and calibration_text is None:
-        raise ConfigError(f"--method {method} needs --calibration TEXT_FILE (or --calibration-generate N): it "
-                          "minimises the error on real inputs")
+        raise ConfigError(f"--method {method} needs --calibration TEXT_FILE: it minimises the error on real inputs")
     if scale_search is None:  # unweighted searches can lose to min-max (see shrike.quantization.quantizer)
         scale_search = "minmax" if calibration_text is None else "clip"
     config = ModelConfig.from_dir(src)
@@ -112,22 +99,21 @@ def quantize_checkpoint(src: Path, dst: Path, scheme: QuantScheme, fmt: str | No
               "compressed-tensors 0.20 cannot dequantize such files (it needs widths divisible by the group)",
               file=sys.stderr)
 
-    transforms, input_power, rounded = {}, {}, {}
+    transforms, input_power, hessians = {}, {}, {}
     if calibration_text is not None:
         # Smoothing moves activation outliers into the weights: a gain only when activations are quantized.
         family = "awq" if method == "awq" else None if scheme.weight_only else "smoothquant"
         family = family if can_scale(config) else None
-        if family is not None or method != "gptq":
-            stats = input_statistics(src, calibration_text, samples=family is not None)
+        stats = input_statistics(src, calibration_text, gram=method == "gptq", samples=family is not None)
         if family is not None:
             transforms = search_factors(files, config, stats, scheme, family)
-        if method == "gptq":
-            rounded = sequential_gptq(src, files, calibration_text, targets, transforms, scheme, scale_search,
-                                      act_order)
-        else:
-            for prefix in targets:
-                power = stats[_input_owner(prefix)].power
-                input_power[prefix] = power / _column_factors(transforms, prefix, power).square()
+        for prefix in targets:
+            seen = stats[_input_owner(prefix)]
+            # Smoothing divides each channel's activations by the factor its weight column is multiplied by.
+            factor = transforms[f"{prefix}.weight"][0] if transforms else torch.ones_like(seen.power)
+            input_power[prefix] = seen.power / factor.square()
+            if seen.gram is not None:
+                hessians[prefix] = seen.gram / (factor[:, None] * factor[None, :])
 
     offsets = {name: offset for name, offset in norm_offsets(config).items() if offset} if transforms else {}
     target_weights = {f"{p}.weight": p for p in targets}
@@ -155,10 +141,12 @@ def quantize_checkpoint(src: Path, dst: Path, scheme: QuantScheme, fmt: str | No
             writer.write(name, apply_transform(tensor, transforms[name], offsets.get(name, 0.0))
                          if name in transforms else tensor)
             continue
-        if name in rounded:
-            values, scales = rounded.pop(name)
+        weight = files.read(f"{name}.weight")  # (N, K)
+        if f"{name}.weight" in transforms:
+            weight = apply_transform(weight, transforms[f"{name}.weight"])
+        if method == "gptq":
+            values, scales = gptq_quantize(weight, hessians[name], scheme, weight.dtype, scale_search)
         else:
-            weight = _transformed_weight(files, transforms, name)  # (N, K)
             values, scales = quantize_weight(weight, scheme, weight.dtype, scale_search, input_power.get(name))
         tensors = [pack_int(values, scheme.weight_bits), scales, torch.tensor(values.shape, dtype=torch.int64)] \
             if fmt == "pack-quantized" else [values, scales]
@@ -177,52 +165,6 @@ def quantize_checkpoint(src: Path, dst: Path, scheme: QuantScheme, fmt: str | No
             shutil.copy2(path, dst / path.name)
 
 
-def sequential_gptq(src: Path, files: CheckpointFiles, calibration_text: str, targets: list[str],
-                    transforms: dict, scheme: QuantScheme, scale_search: str, act_order: bool = False
-                    ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """GPTQ of every target layer, decoder layer by decoder layer, each from the inputs the already quantized
-    layers before it produce: prefix -> (integers (N, K), scales), as quantize_weight returns them."""
-    rounded = {}
-
-    def quantize_layer(index: int, stats: dict) -> dict[str, torch.Tensor]:
-        dequantized = {}
-        for prefix in (p for p in targets if p.startswith(f"model.layers.{index}.")):
-            gram = stats[_input_owner(prefix)].gram  # (K, K)
-            factor = _column_factors(transforms, prefix, torch.diagonal(gram))
-            # Smoothing divides each channel's activations by the factor its weight column is multiplied by.
-            weight = _transformed_weight(files, transforms, prefix)  # (N, K)
-            values, scales = gptq_quantize(weight, gram / (factor[:, None] * factor[None, :]), scheme, weight.dtype,
-                                           scale_search, act_order)
-            rounded[prefix] = values, scales
-            dequantized[prefix] = _untransformed(dequantize(values, scales, scheme.group_size),
-                                                 transforms.get(f"{prefix}.weight"))
-        return dequantized
-
-    sequential_calibration(src, calibration_text, quantize_layer)
-    return rounded
-
-
-def _column_factors(transforms: dict, prefix: str, like: torch.Tensor) -> torch.Tensor:
-    """(K,) the smoothing factors the layer's weight columns are multiplied by (ones when not smoothed)."""
-    return transforms[f"{prefix}.weight"][0] if transforms else torch.ones_like(like)
-
-
-def _transformed_weight(files: CheckpointFiles, transforms: dict, prefix: str) -> torch.Tensor:
-    """(N, K) the layer's weight in the checkpoint's dtype, smoothed when a transform applies to it."""
-    weight = files.read(f"{prefix}.weight")
-    return apply_transform(weight, transforms[f"{prefix}.weight"]) if f"{prefix}.weight" in transforms else weight
-
-
-def _untransformed(weight: torch.Tensor, transform: tuple | None) -> torch.Tensor:
-    """(N, K) a smoothed weight mapped back to the unsmoothed model's inputs and outputs (fp32)."""
-    if transform is None:
-        return weight
-    columns, rows = transform
-    if columns is not None:
-        weight = weight / columns[None, :]
-    return weight if rows is None else weight * rows[:, None]
-
-
 def _input_owner(prefix: str) -> str:
     """The prefix under which the fused layer reading the same input recorded its activations."""
     layer, name = prefix.rsplit(".", 1)
@@ -230,23 +172,13 @@ def _input_owner(prefix: str) -> str:
     return f"{layer}.{first}"
 
 
-def calibration_text(model_dir: Path, file: Path | None, generate: int = 0, seed: int = 0) -> str | None:
-    """The calibration text: the file's, then `generate` sequences the model samples itself; None: neither."""
-    if generate < 0:
-        raise ConfigError(f"--calibration-generate {generate}: give a number of sequences, 0 or more")
-    texts = []
-    if file is not None:
-        if not file.is_file():
-            raise ConfigError(f"--calibration {file} is not a file")
-        texts.append(file.read_text(encoding="utf-8"))
-    if generate:
-        texts.append(generated_text(model_dir, generate, seed))
-    return "\n\n".join(texts) if texts else None
-
-
 def run_quantize(args: argparse.Namespace) -> int:
-    calibration = calibration_text(args.src, args.calibration, args.calibration_generate, args.calibration_seed)
+    calibration = None
+    if args.calibration is not None:
+        if not args.calibration.is_file():
+            raise ConfigError(f"--calibration {args.calibration} is not a file")
+        calibration = args.calibration.read_text(encoding="utf-8")
     quantize_checkpoint(args.src, args.dst, scheme_from_name(args.scheme), args.format, args.ignore, args.scale_search,
-                        calibration, method=args.method, act_order=args.act_order)
+                        calibration, method=args.method)
     print(f"wrote {args.dst}")
     return 0
