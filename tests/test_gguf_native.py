@@ -19,7 +19,6 @@ from shrike.convert.gguf_blocks import TYPES, grouped_blocks
 from shrike.executor.step import EagerStep
 from shrike.layers.linear import DenseLinear
 from shrike.kernels import GroupedWeight
-from shrike.model.footprint import footprint
 from shrike.model.gguf_linear import GGUFLinearFactory
 from shrike.model.loader import held_bytes, load_model
 from shrike.model.weights import CheckpointTensors, GGUFTensors
@@ -285,7 +284,7 @@ def test_a_file_run_natively_writes_no_weights_and_reads_its_other_tensors_from_
     assert sorted(from_file.names()) == sorted(converted.names())
     for name in converted.names():
         assert torch.equal(from_file.raw(name), converted.raw(name)), name
-    card = footprint(mixed_gguf, loaded.config.raw)  # the start-up line's: the file's bytes, not the conversion's
+    card = loaded.footprint  # the start-up line's: the file's bytes, not the conversion's
     assert card.weight_bytes == sum(int(t.n_bytes) for t in gguf.GGUFReader(mixed_gguf).tensors)
     assert card.weight_bytes < 0.5 * sum(p.stat().st_size for p in converted_dir.glob("*.safetensors"))
     # two files with one config and different weights never share an int8 lm_head in the repack cache

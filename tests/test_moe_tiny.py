@@ -233,11 +233,11 @@ def test_synth_moe_checkpoint_runs_compiled(tmp_path):
 
 def test_footprint_counts_active_and_total_parameters(tmp_path):
     """Qwen3-30B-A3B's model card: 30.5 B parameters, 3.3 B activated; bytes per token skip 6 of 8 experts."""
-    from shrike.model.footprint import footprint
+    from shrike.model.footprint import checkpoint_tensor_bytes, footprint
     from shrike.synth import SHAPES, synthesize
 
     shape = SHAPES["qwen3-30b-a3b"]
-    card = footprint(tmp_path, shape)  # no files: parameters only
+    card = footprint(shape, checkpoint_tensor_bytes(tmp_path))  # no files: parameters only
     with torch.device("meta"):  # transformers' count, without memory
         hf = transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(
             **{k: v for k, v in shape.items() if k not in ("architectures", "model_type")}))
@@ -245,7 +245,7 @@ def test_footprint_counts_active_and_total_parameters(tmp_path):
     assert 3.3e9 <= card.active_params < 3.4e9
     synthesize(tmp_path / "m", "tiny-moe", "bf16", progress=False)
     config = ModelConfig.from_dir(tmp_path / "m").raw
-    counted = footprint(tmp_path / "m", config)
+    counted = footprint(config, checkpoint_tensor_bytes(tmp_path / "m"))
     tensors = CheckpointTensors(tmp_path / "m")
     expert = sum(tensors.raw(n).numel() * 2 for n in tensors.names() if ".experts." in n)
     embedding = tensors.raw("model.embed_tokens.weight").numel() * 2

@@ -14,7 +14,7 @@ from typing import Any
 from shrike.engine.config import EngineConfig, add_engine_arguments, engine_config_from_args
 from shrike.errors import ConfigError
 from shrike.layers.kv_dtypes import KV_ELEMENTS
-from shrike.model.footprint import Footprint, footprint
+from shrike.model.footprint import Footprint, checkpoint_tensor_bytes, footprint
 from shrike.platform.cpulist import format_cpu_list
 from shrike.platform.memory import GIB, MemoryInfo, plan_kv_cache, read_memory
 from shrike.platform.topology import Topology, read_topology, resolve_binding
@@ -72,7 +72,7 @@ def _parameters(source: Path, config: dict) -> dict[str, int] | None:
     """Total and active parameters and bytes per token, or None when the checkpoint cannot tell them (the cache
     can still be planned from the attention shape and the file sizes)."""
     try:
-        return footprint(source, config).__dict__
+        return footprint(config, checkpoint_tensor_bytes(source)).__dict__
     except (KeyError, ValueError, OSError):
         return None
 

@@ -86,6 +86,7 @@ class LLMEngine:
         self.dtype = loaded.dtype
         self.model_dir = loaded.model_dir
         self.weights_source = loaded.weights_source
+        self.footprint = loaded.footprint
         # pooling: the model computes embeddings (LLM.embed, /v1/embeddings) and generates nothing, as in vLLM.
         self.runner_kind = resolve_runner(asked_runner, loaded.model_dir)
         self.pooler = None

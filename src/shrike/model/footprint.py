@@ -49,9 +49,10 @@ def _sparse_layers(config: dict) -> list[bool]:
     return [i not in dense and (i + 1) % step == 0 for i in range(layers)]
 
 
-def _tensor_bytes(source: Path) -> dict[str, int]:
+def checkpoint_tensor_bytes(source: Path) -> dict[str, int]:
     """Tensor name -> stored bytes, from the safetensors headers of a checkpoint directory, or from a GGUF file's
-    tensor list under their Hugging Face names (nothing is read but the headers)."""
+    tensor list under their Hugging Face names (nothing is read but the headers). A loaded model has them
+    already (LoadedModel.footprint)."""
     if source.suffix.lower() == ".gguf" and source.is_file():
         from shrike.convert.gguf import read_gguf_model  # they import torch, which `shrike doctor` otherwise does not
         from shrike.model.weights import GGUFTensors
@@ -70,17 +71,15 @@ def _tensor_bytes(source: Path) -> dict[str, int]:
     return sizes
 
 
-def footprint(source: Path, config: dict) -> Footprint:
-    """source: a checkpoint directory, or the GGUF file a model runs from natively; config: its config.json as a
-    dict. Raises KeyError for a config without the fields counted, ValueError for a file that is no safetensors
-    or GGUF file."""
+def footprint(config: dict, sizes: dict[str, int]) -> Footprint:
+    """config: the checkpoint's config.json as a dict; sizes: its tensors' stored bytes (checkpoint_tensor_bytes).
+    Raises KeyError for a config without the fields counted."""
     sparse = _sparse_layers(config)
     layers = [_layer_params(config, s) for s in sparse]
     embedding = config["vocab_size"] * config["hidden_size"]
     head = 0 if config.get("tie_word_embeddings") else embedding
     total = sum(t for t, _ in layers) + embedding + head + config["hidden_size"]
     active = sum(a for _, a in layers) + embedding + head + config["hidden_size"]
-    sizes = _tensor_bytes(Path(source))
     stored = sum(sizes.values())
     skipped = sum(b for n, b in sizes.items() if "embed_tokens" in n)
     if config.get("tie_word_embeddings"):

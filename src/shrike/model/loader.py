@@ -15,6 +15,7 @@ from shrike.errors import ConfigError
 from shrike.layers.kv_dtypes import kv_cache_bytes
 from shrike.layers.lm_head import LM_HEAD_QUANT, LMHead, int8_lm_head
 from shrike.model.config import ModelConfig
+from shrike.model.footprint import Footprint, checkpoint_tensor_bytes, footprint
 from shrike.model.gguf_linear import GGUF_WEIGHTS, GGUFLinearFactory, native_activation_dtype
 from shrike.model.llama import CausalLM
 from shrike.model.weights import CheckpointTensors, GGUFTensors
@@ -39,6 +40,7 @@ def resolve_dtype(name: str, config: ModelConfig) -> torch.dtype:
 class LoadedModel:
     model_dir: Path
     weights_source: Path  # the GGUF file a model runs from natively, else model_dir
+    footprint: Footprint | None  # None when the config lacks the fields it counts
     config: ModelConfig
     tokenizer: Tokenizer
     model: CausalLM  # or a plugin architecture's model
@@ -143,5 +145,9 @@ def load_model(model: str | None, dtype: str = "auto", max_model_len: int | None
     # A file run from its blocks holds its own repacked tensors and the few it converted.
     weight_bytes = held_bytes(net) if gguf_file is not None else \
         sum(p.stat().st_size for p in model_dir.glob("*.safetensors"))
-    return LoadedModel(model_dir, gguf_file or model_dir, config, tokenizer, net, torch_dtype, max_model_len,
+    try:
+        card = footprint(config.raw, tensors.stored_bytes() if gguf else checkpoint_tensor_bytes(model_dir))
+    except KeyError:
+        card = None
+    return LoadedModel(model_dir, gguf_file or model_dir, card, config, tokenizer, net, torch_dtype, max_model_len,
                        weight_bytes, available_before)

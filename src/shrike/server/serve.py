@@ -15,7 +15,6 @@ from shrike.engine.async_engine import AsyncEngine
 from shrike.engine.config import engine_config_from_args
 from shrike.engine.llm_engine import LLMEngine
 from shrike.errors import ConfigError
-from shrike.model.footprint import footprint
 from shrike.sampling.grammar import GrammarCompiler
 from shrike.sampling.grammar_backends import new_grammar_compiler
 from shrike.server.app import build_app
@@ -117,10 +116,7 @@ def listen(host: str, port: int) -> socket.socket:
 
 def _footprint_text(engine: LLMEngine) -> str:
     """' (parameters A B active of T B; a decoded token reads ...)', or nothing when the checkpoint cannot tell."""
-    try:
-        return f" ({footprint(engine.weights_source, engine.model_config.raw).describe()})"
-    except (KeyError, ValueError, OSError):
-        return ""
+    return f" ({engine.footprint.describe()})" if engine.footprint else ""
 
 
 def _startup_line(ctx: ServerContext, engine: LLMEngine, host: str, port: int, generation_config: str,
