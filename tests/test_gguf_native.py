@@ -223,7 +223,12 @@ def test_the_embedding_table_runs_from_the_files_blocks_and_answers_like_the_con
     prompts = [[1, 260, 261, 262, 263, 5, 9], [1, 40, 41]]
     params = SamplingParams(temperature=0, max_tokens=8, logprobs=3, ignore_eos=True)
 
+    asked = []  # what the model converted from the file
+    get = GGUFTensors.get
+    monkeypatch.setattr(GGUFTensors, "get", lambda self, name, *a: asked.append(name) or get(self, name, *a))
+
     def run():
+        asked.clear()
         llm = LLM(str(path), dtype="float32", progress=False, max_model_len=64)
         outs = [o.outputs[0] for o in llm.generate(prompts, params)]
         return llm.llm_engine.runner.model, [(o.token_ids, [{t: lp.logprob for t, lp in p.items()}
@@ -238,7 +243,8 @@ def test_the_embedding_table_runs_from_the_files_blocks_and_answers_like_the_con
     assert isinstance(model.embed_tokens, GroupedWeight)
     assert f"the embedding table from its {embedding.name} blocks" in line
     assert (model.embed_tokens is model.lm_head.weight) == (output is None)  # a tied table is held once
-    monkeypatch.setattr(GGUFLinearFactory, "embedding_table", lambda self, vocab, head: None)
+    assert "model.embed_tokens.weight" not in asked and "lm_head.weight" not in asked  # never converted first
+    monkeypatch.setattr(GGUFLinearFactory, "native_table", lambda self, vocab, tied_head: None)
     model, tensor_runs = run()
     assert isinstance(model.embed_tokens, torch.Tensor)
     assert packed_runs == tensor_runs

@@ -16,12 +16,10 @@ import torch
 
 from shrike.errors import ConfigError
 from shrike.layers.attention import KVCache
-from shrike.ops import weight_for_op
-from shrike.layers.lm_head import LMHead
 from shrike.layers.norm import RMSNorm
 from shrike.layers.rotary import RotaryEmbedding
 from shrike.model.config import ModelConfig
-from shrike.model.llama import LinearFactory, dense_linear_factory
+from shrike.model.llama import LinearFactory, dense_linear_factory, embedding_and_head
 from shrike.model.weights import CheckpointTensors
 
 
@@ -89,7 +87,8 @@ class Gemma3ForCausalLM:
         ops = ops or builtin_op_table()
         make_linear = make_linear or dense_linear_factory(dtype, ops)
         self.config, self.dtype, self.ops = c, dtype, ops
-        self.embed_tokens = tensors.get("model.embed_tokens.weight", (c.vocab_size, c.hidden_size), dtype)
+        tied = c.tie_word_embeddings or "lm_head.weight" not in tensors
+        self.embed_tokens, self.lm_head = embedding_and_head(c, tensors, dtype, ops, make_linear, tied)
         # transformers rounds sqrt(hidden) to the weights' dtype before multiplying; so do we.
         self.embed_scale = float(torch.tensor(math.sqrt(c.hidden_size), dtype=dtype))
         self.layers = []
@@ -98,11 +97,6 @@ class Gemma3ForCausalLM:
             if progress:
                 progress(i + 1)
         self.norm = gemma_norm(tensors, "model.norm.weight", c.hidden_size, c.rms_norm_eps, dtype)
-        if c.tie_word_embeddings or "lm_head.weight" not in tensors:
-            lm_head = self.embed_tokens  # (vocab, hidden)
-        else:
-            lm_head = tensors.get("lm_head.weight", (c.vocab_size, c.hidden_size), dtype)
-        self.lm_head = LMHead(weight_for_op(lm_head, ops.dense_linear), c.vocab_size)  # as in llama.CausalLM
         positions = max_positions or c.max_position_embeddings
         self.rotary = RotaryEmbedding(c, positions)  # global layers; the runner reads its long_threshold
         local = dataclasses.replace(c, rope_theta=c.rope_local_theta, rope_scaling=None)

@@ -27,6 +27,7 @@ from shrike.convert.llama_weights import LAYER_NAMES, undo_rope_permutation
 from shrike.kernels import GroupedWeight
 from shrike.layers.linear import DenseLinear
 from shrike.layers.lm_head import LMHead
+from shrike.ops import weight_for_op
 from shrike.model.config import ModelConfig
 from shrike.model.weights import CheckpointTensors
 from shrike.platform.memory import FreedMemory
@@ -65,17 +66,17 @@ def gguf_tensor_name(prefix: str) -> tuple[str, int | None] | None:
 
 
 class GGUFLinearFactory:
-    def __init__(self, gguf: GGUFModel, config: ModelConfig, dtype: torch.dtype, ops):
+    def __init__(self, gguf: GGUFModel, config: ModelConfig, dtype: torch.dtype, ops, native_head: bool = True):
         reader = gguf.reader
         self.tensors = {t.name: t for t in reader.tensors}
         # llama.cpp reorders the q and k rows of 'llama' files for its rotary layout (llama_weights.py)
         architecture = str(bytes(reader.fields["general.architecture"].parts[-1]), "utf-8")
         self.rope_heads = {"attn_q": config.num_heads, "attn_k": config.num_kv_heads} if architecture == "llama" else {}
-        self.dtype, self.ops = dtype, ops
+        self.dtype, self.ops, self.native_head = dtype, ops, native_head
         self.native: dict[str, str] = {}  # GGUF tensor name -> its type, for tensors run from the file's blocks
         self.converted: dict[str, str] = {}  # the same for tensors converted to bf16
         self.description = "Repacking"
-        self.head = "not the lm_head"  # whether lm_head() gave the head
+        self.head = "not the lm_head"  # whether embedding_and_head() gave a native head
         self.embedding = "the embedding table converted to bf16"
         self.freed = FreedMemory()  # the blocks' values as they are unpacked, returned to the OS as they add up
 
@@ -83,7 +84,7 @@ class GGUFLinearFactory:
                  bias: bool):
         names = [gguf_tensor_name(p) for p in prefixes]
         parts = [(self.tensors.get(name[0]), name[1]) if name else (None, None) for name in names]
-        if bias or any(p is None or p.tensor_type not in TYPES or in_features % 32 for p, _ in parts):
+        if bias or any(p is None or not _has_kernel(p) for p, _ in parts):
             for prefix, (p, _) in zip(prefixes, parts):
                 if p is None:
                     self.converted[prefix] = "unnamed"
@@ -101,29 +102,37 @@ class GGUFLinearFactory:
         layer.checkpoint_parts, layer.in_features = tuple(zip(prefixes, out_features)), in_features  # for LoRA
         return layer
 
-    def lm_head(self, vocab_size: int) -> LMHead | None:
-        """The lm_head from the file's blocks (output.weight, or the tied token_embd.weight), or None when
-        their type has no kernel (the head then stays the one converted to bf16)."""
-        tensor = self.tensors.get("output.weight") or self.tensors.get("token_embd.weight")
-        if tensor.tensor_type not in TYPES or int(tensor.shape[0]) % 32:
-            return None
-        weight, format = _weight([self._blocks(tensor, vocab_size)])
-        self.native[tensor.name] = tensor.tensor_type.name
-        self.head = "the lm_head"
-        return LMHead(weight, vocab_size, f"{format}_linear")
+    def embedding_and_head(self, tensors: CheckpointTensors, c: ModelConfig, dtype: torch.dtype, tied: bool):
+        """(embedding table, LMHead) for shrike.model.llama.embedding_and_head: each from the file's blocks when
+        its type has a kernel (the table then as packed blocks for the embedding op; a tied table is the native
+        head's weight), else converted to bf16 from the file; the head stays converted when native_head is off
+        (--lm-head-quant int8 quantizes it). Nothing native is converted first."""
+        shape = (c.vocab_size, c.hidden_size)
+        head_tensor = self.tensors["token_embd.weight" if tied else "output.weight"]
+        head = None
+        if self.native_head and _has_kernel(head_tensor):
+            weight, format = _weight([self._blocks(head_tensor, c.vocab_size)])
+            head = LMHead(weight, c.vocab_size, f"{format}_linear")
+            self.native[head_tensor.name] = head_tensor.tensor_type.name
+            self.head = "the lm_head"
+        table = self.native_table(c.vocab_size, head if tied else None)
+        converted = None  # the bf16 table, when a tied head converted needs it too
+        if table is None:
+            table = converted = tensors.get("model.embed_tokens.weight", shape, dtype)
+        if head is None:
+            source = converted if tied and converted is not None else \
+                tensors.get("model.embed_tokens.weight" if tied else "lm_head.weight", shape, dtype)
+            head = LMHead(weight_for_op(source, self.ops.dense_linear), c.vocab_size)
+        return table, head
 
-    def embedding_table(self, vocab_size: int, head: LMHead | None):
-        """token_embd.weight as packed blocks for the embedding op: the native head's weight when the file ties
-        them, else the tensor's own blocks; None when its type has no kernel (the table stays the conversion's)."""
+    def native_table(self, vocab_size: int, tied_head: LMHead | None):
+        """token_embd.weight as packed blocks for the embedding op (the weight of a native head tied to it), or
+        None when its type has no kernel."""
         tensor = self.tensors["token_embd.weight"]
-        if tensor.tensor_type not in TYPES or int(tensor.shape[0]) % 32:
+        if not _has_kernel(tensor):
             return None
-        if head is not None and "output.weight" not in self.tensors:
-            table = head.weight
-        else:
-            table, _ = _weight([self._blocks(tensor, vocab_size)])
         self.embedding = f"the embedding table from its {tensor.tensor_type.name} blocks"
-        return table
+        return tied_head.weight if tied_head is not None else _weight([self._blocks(tensor, vocab_size)])[0]
 
     def _blocks(self, tensor, rows: int, expert: int | None = None) -> GroupedBlocks:
         k = int(tensor.shape[0])  # GGUF lists the input dimension first
@@ -144,6 +153,12 @@ class GGUFLinearFactory:
         if self.converted:
             line += f"; {len(self.converted)} converted to bf16 ({listed(self.converted)})"
         return f"{line}; {self.embedding}; computing in {str(self.dtype).removeprefix('torch.')}"
+
+
+def _has_kernel(tensor) -> bool:
+    """Whether a GGUF matrix can run from its blocks: a type with a kernel, and K a multiple of the activations'
+    block of 32 (GGUF lists K first)."""
+    return tensor.tensor_type in TYPES and int(tensor.shape[0]) % 32 == 0
 
 
 def _weight(blocks: list[GroupedBlocks]) -> tuple[object, str]:

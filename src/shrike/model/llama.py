@@ -26,6 +26,21 @@ LLAMA_FAMILY = ("LlamaForCausalLM", "MiniCPMForCausalLM", "Qwen2ForCausalLM", "Q
 LinearFactory = Callable[[CheckpointTensors, list[str], int, list[int], bool], Callable[[torch.Tensor], torch.Tensor]]
 
 
+def embedding_and_head(c: ModelConfig, tensors: CheckpointTensors, dtype: torch.dtype, ops, make_linear: LinearFactory,
+                       tied: bool) -> tuple[object, LMHead]:
+    """The embedding table (vocab, hidden) and the lm_head (the table itself when tied). A factory that holds them
+    in another form builds both (GGUFLinearFactory.embedding_and_head: from a GGUF file's blocks, never converted)."""
+    build = getattr(make_linear, "embedding_and_head", None)
+    if build is not None:
+        return build(tensors, c, dtype, tied)
+    shape = (c.vocab_size, c.hidden_size)
+    table = tensors.get("model.embed_tokens.weight", shape, dtype)
+    head = table if tied else tensors.get("lm_head.weight", shape, dtype)
+    # (vocab, hidden) on the dense_linear op, or its AMX tiles: then a tied head is a second copy of the
+    # embedding (which the embedding op reads by rows), vocab * hidden * 2 bytes more.
+    return table, LMHead(weight_for_op(head, ops.dense_linear), c.vocab_size)
+
+
 def dense_linear_factory(dtype: torch.dtype, ops) -> LinearFactory:
     def make(tensors, prefixes, in_features, out_features, bias):
         return DenseLinear.load(tensors, prefixes, in_features, out_features, bias, dtype, ops.dense_linear)
@@ -106,22 +121,15 @@ class CausalLM:
         ops = ops or builtin_op_table()
         make_linear = make_linear or dense_linear_factory(dtype, ops)
         self.config, self.dtype, self.ops = c, dtype, ops
-        self.embed_tokens = tensors.get("model.embed_tokens.weight", (c.vocab_size, c.hidden_size), dtype)
+        if not c.tie_word_embeddings and "lm_head.weight" not in tensors:
+            raise ConfigError("checkpoint has no lm_head.weight and config.json says tie_word_embeddings is false")
+        self.embed_tokens, self.lm_head = embedding_and_head(c, tensors, dtype, ops, make_linear, c.tie_word_embeddings)
         self.layers = []
         for i in range(c.num_layers):
             self.layers.append(DecoderLayer(c, tensors, i, dtype, make_linear))
             if progress:
                 progress(i + 1)
         self.norm = RMSNorm(tensors.get("model.norm.weight", (c.hidden_size,), dtype), c.rms_norm_eps)
-        if c.tie_word_embeddings:
-            lm_head = self.embed_tokens  # (vocab, hidden)
-        elif "lm_head.weight" in tensors:
-            lm_head = tensors.get("lm_head.weight", (c.vocab_size, c.hidden_size), dtype)
-        else:
-            raise ConfigError("checkpoint has no lm_head.weight and config.json says tie_word_embeddings is false")
-        # (vocab, hidden) on the dense_linear op, or its AMX tiles: then a tied head is a second copy of the
-        # embedding (which the embedding op reads by rows), vocab * hidden * 2 bytes more.
-        self.lm_head = LMHead(weight_for_op(lm_head, ops.dense_linear), c.vocab_size)
         self.rotary = RotaryEmbedding(c, max_positions or c.max_position_embeddings)
 
     def forward(self, step, kv_caches: list[KVCache], output: str = "logits"):

@@ -112,7 +112,7 @@ def load_model(model: str | None, dtype: str = "auto", max_model_len: int | None
         extra = {"ops": ops, "activation_quant": activation_quant} if scheme.provider == "shrike" else {}
         make_linear = scheme.target(config, model_dir, torch_dtype, kernel_backend, **extra)
     if gguf_file is not None:
-        make_linear = GGUFLinearFactory(gguf, config, torch_dtype, ops)
+        make_linear = GGUFLinearFactory(gguf, config, torch_dtype, ops, native_head=lm_head_quant == "none")
     limit = config.max_position_embeddings
     if max_model_len is None:
         max_model_len = limit
@@ -129,15 +129,8 @@ def load_model(model: str | None, dtype: str = "auto", max_model_len: int | None
                        progress=lambda done: bar.update(done - bar.n), ops=ops)
     bar.close()
     if isinstance(make_linear, GGUFLinearFactory):
-        head = make_linear.lm_head(config.vocab_size) if lm_head_quant == "none" and \
-            isinstance(getattr(net, "lm_head", None), LMHead) else None
-        if head is not None:
-            net.lm_head = head  # the bf16 head and its tiles are freed
-        table = make_linear.embedding_table(config.vocab_size, head) if hasattr(net, "embed_tokens") else None
-        if table is not None:
-            net.embed_tokens = table  # the bf16 table is freed unless a bf16 head still shares it
         print(f"shrike: {gguf_file.name}: {make_linear.summary()}", file=sys.stderr)
-        return_freed_memory()  # the head's and the table's unpacked blocks, and the bf16 ones they replace
+        return_freed_memory()  # the blocks' unpacked values
     if lm_head_quant == "int8":
         if not isinstance(getattr(net, "lm_head", None), LMHead):
             raise ConfigError(f"--lm-head-quant int8 is not supported by the {config.architecture} architecture")

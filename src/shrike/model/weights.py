@@ -71,8 +71,8 @@ class CheckpointTensors(NamedTensors):
 class GGUFTensors(NamedTensors):
     """A GGUF file's tensors under their Hugging Face names, each converted when it is asked for, to what
     `shrike convert` would have written (bf16): a file run from its own blocks asks only for the tensors
-    without a kernel (the norms, and the embedding table and lm_head until the file's blocks replace them),
-    so no bf16 copy of the whole model is ever written."""
+    without a kernel (the norms; the embedding table and lm_head only when their types have none, or for
+    --lm-head-quant int8), so no bf16 copy of the whole model is ever written."""
 
     def __init__(self, model: GGUFModel):
         self._converter = model.converter
