@@ -61,14 +61,15 @@ def test_repacked_weights_dequantize_to_the_gguf_values_bit_for_bit(qtype):
 
 
 @pytest.mark.parametrize("bits,group,has_min", [(8, 32, False), (8, 16, False), (8, 32, True), (4, 32, True),
-                                                (4, 16, True), (4, 32, False)])
+                                                (4, 16, True), (4, 32, False), (6, 16, False), (6, 32, True),
+                                                (6, 16, True)])
 @pytest.mark.parametrize("params", ["float32", "float16", "factored"])
 @pytest.mark.parametrize("rows", [1, 3, 19])
 def test_grouped_kernel_equals_its_reference_bit_for_bit(bits, group, has_min, params, rows):
     torch.manual_seed(rows)
     n, k = 45, 768
-    low = -128 if bits == 8 else 0 if has_min else -8
-    values = torch.randint(low, 128 if bits == 8 else low + 16, (n, k), dtype=torch.int8)
+    low = -128 if bits == 8 else 0 if has_min else -(1 << (bits - 1))
+    values = torch.randint(low, low + (1 << bits), (n, k), dtype=torch.int8)
     scale, mins = torch.rand(n, k // group) * 0.01, torch.rand(n, k // group) * 0.05 if has_min else None
     d = dmin = None
     if params == "float16":
@@ -142,6 +143,11 @@ def test_mixed_types_give_the_logits_of_their_dequantized_weights_with_the_same_
     assert all(isinstance(w, GroupedWeight) for w in weights)
     # the all-Q4_0 layer (q, k, v of layer 0) is 4-bit with fp16 scales; mixes of fp16 and K-quant scales are not
     assert (weights[0].bits, weights[0].has_min, weights[0].params) == (4, False, "float16")
+    # each layer at its widest part's bits: Q4_K + Q6_K gate_up (layer 0) is 6-bit, the Q6_K part's signed
+    # values shifted beside the Q4_K mins; 8 only where a part is Q8_0 or IQ4_XS
+    assert [(w.bits, w.has_min) for w in weights] == [
+        (4, False), (8, False), (6, True), (6, True), (6, True), (8, False), (6, True), (8, False),
+        (6, True), (6, False), (8, False), (4, True)]
     assert {w.params for w in weights} == {"float32", "float16", "factored"}
     tokens = list(range(3, 40))
     bf16_logits = _logits(converted, tokens)
@@ -268,7 +274,7 @@ def test_the_memory_plan_counts_the_weights_a_native_file_holds_not_its_bf16_con
     loaded = load_model(str(gemma3_gguf), progress=False)
     conversion = sum(p.stat().st_size for p in gemma3_model_dir.glob("*.safetensors"))
     assert loaded.weight_bytes == held_bytes(loaded.model)
-    # the repacked blocks (5/6-bit types held as int8), the norms and the rotary table (128 MiB at 32k positions):
+    # the repacked blocks, the norms and the rotary table (128 MiB at 32k positions):
     # above the file, below its bf16 conversion
     assert gemma3_gguf.stat().st_size < loaded.weight_bytes < 0.8 * conversion
 

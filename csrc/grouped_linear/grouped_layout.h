@@ -5,11 +5,15 @@
 //   bits 8: (G/4, 8, 4) int8    byte (s, r, j) = w[r][gG+4s+j]
 //   bits 4: (G/8, 8, 4) uint8   byte (s, r, j) = u[r][gG+8s+j] | u[r][gG+8s+4+j] << 4
 //           u = w (0..15) with mins, u = w + 8 without
+//   bits 6: the low nibbles of u as for bits 4, then a plane of the top 2 bits of each u,
+//           (G/16, 8, 4) uint8   byte (s, r, j) = sum over i < 4 of (u[r][gG+16s+4i+j] >> 4) << 2i
+//           u = w (0..63) with mins, u = w + 32 without: the 8-K step of a nibble load takes bits 0-3 of
+//           its 16-K pair's high-bit byte (even steps) or bits 4-7 (odd steps), low nibbles first
 //   (8,) scales, then (8,) mins when the weight has them: float32, fp16, or int8 factors when factored.
 // Factored weights open each superblock (256 K: 8 groups of 32 or 16 of 16) with a header of the tile's
 // (8,) fp16 d, then (8,) fp16 dmin with mins; a group's scale is d * factor, its min dmin * factor.
-// 4-bit nibbles are unsigned, so x86 feeds them to vpdpbusd as they are; int8 values are flipped to
-// w + 128; the activations' group sums remove the 128 (or the 8).
+// 4- and 6-bit values are unsigned, so x86 feeds them to vpdpbusd as they are; int8 values are flipped to
+// w + 128; the activations' group sums remove the 128 (or the 8, or the 32).
 #pragma once
 #include <cstdint>
 #include <cstring>
@@ -51,14 +55,23 @@ inline int64_t grouped_group_offset(const GroupedWeight& w, int64_t g) {
   return grouped_header_offset(w, g) + grouped_header_bytes(w) + g % (kGroupedSuperblock / w.group) * grouped_group_bytes(w);
 }
 // What a group's integer dot over the stored bytes needs times the activations' group sum added to be
-// the dot over the values: -8 for 4-bit values without mins (stored w + 8), else 0. (The x86 kernels
-// add their own -128 for int8 values, which they flip to unsigned.)
-inline int32_t grouped_stored_offset(const GroupedWeight& w) { return w.bits == 4 && !w.has_min ? -8 : 0; }
+// the dot over the values: -8 for 4-bit and -32 for 6-bit values without mins (stored w + 8, w + 32),
+// else 0. (The x86 kernels add their own -128 for int8 values, which they flip to unsigned.)
+inline int32_t grouped_stored_offset(const GroupedWeight& w) {
+  return w.has_min || w.bits == 8 ? 0 : w.bits == 4 ? -8 : -32;
+}
+// The lowest value a weight of these bits holds (its values span 2^bits from there).
+inline int grouped_lowest_value(const GroupedWeight& w) { return w.bits == 8 ? -128 : grouped_stored_offset(w); }
 // Value j of row r in the group whose values start at `group` (the stored byte, less the stored offset).
 inline int grouped_value(const GroupedWeight& w, const uint8_t* group, int r, int64_t j) {
   if (w.bits == 8) return static_cast<int8_t>(group[(j / 4 * kTileRows + r) * 4 + j % 4]);
   const uint8_t byte = group[(j / 8 * kTileRows + r) * 4 + j % 4];
-  return (j % 8 < 4 ? byte & 15 : byte >> 4) + grouped_stored_offset(w);
+  int u = j % 8 < 4 ? byte & 15 : byte >> 4;
+  if (w.bits == 6) {
+    const uint8_t top = group[grouped_value_bytes(w.group, 4) + (j / 16 * kTileRows + r) * 4 + j % 4];
+    u |= (top >> (2 * (j % 16 / 4)) & 3) << 4;
+  }
+  return u + grouped_stored_offset(w);
 }
 // Scale (or min) i of the 8 at `params` as float32; `header` is the superblock's 8 fp16 d (or dmin) of a
 // factored weight.

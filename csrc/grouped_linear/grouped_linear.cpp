@@ -60,7 +60,7 @@ struct Workspace {
 void check_grouped_shape(const GroupedWeight& w) {
   if (w.group != 16 && w.group != 32)
     throw std::invalid_argument("grouped: group size must be 16 or 32, got " + std::to_string(w.group));
-  if (w.bits != 4 && w.bits != 8) throw std::invalid_argument("grouped: bits must be 4 or 8");
+  if (w.bits != 4 && w.bits != 6 && w.bits != 8) throw std::invalid_argument("grouped: bits must be 4, 6 or 8");
   if (w.k <= 0 || w.k % kGroupedActivationBlock != 0)
     throw std::invalid_argument("grouped: K=" + std::to_string(w.k) + " is not a positive multiple of 32");
   const int form = static_cast<int>(w.params);
@@ -164,12 +164,13 @@ void grouped_pack(const int8_t* w, const float* scale, const float* min, const f
   check_grouped_shape(shape);
   const int64_t n = shape.n, k = shape.k, group = shape.group, groups = k / group, superblocks = k / kGroupedSuperblock;
   if (shape.has_min != (min != nullptr)) throw std::invalid_argument("grouped: mins given without has_min or missing");
-  const int lowest = shape.bits == 8 ? -128 : shape.has_min ? 0 : -8, stored_add = -grouped_stored_offset(shape);
-  if (shape.bits == 4)
+  const int lowest = grouped_lowest_value(shape), highest = lowest + (1 << shape.bits) - 1;
+  const int stored_add = -grouped_stored_offset(shape);
+  if (shape.bits != 8)
     for (int64_t i = 0; i < n * k; ++i)
-      if (w[i] < lowest || w[i] > lowest + 15)
-        throw std::invalid_argument("grouped: 4-bit value " + std::to_string(w[i]) + " is outside " +
-                                    std::to_string(lowest) + ".." + std::to_string(lowest + 15));
+      if (w[i] < lowest || w[i] > highest)
+        throw std::invalid_argument("grouped: " + std::to_string(shape.bits) + "-bit value " + std::to_string(w[i]) +
+                                    " is outside " + std::to_string(lowest) + ".." + std::to_string(highest));
   check_params(shape, scale, min, d, dmin);
   const int64_t param_bytes = grouped_param_bytes(shape);
   runtime::parallel_for(tile_count(n), [&](int64_t t) {
@@ -192,10 +193,17 @@ void grouped_pack(const int8_t* w, const float* scale, const float* min, const f
         const int64_t row = t * kTileRows + r;
         auto stored = [&](int64_t j) { return row < n ? w[row * k + g * group + j] + stored_add : 0; };
         for (int64_t j = 0; j < group; ++j) {
-          if (shape.bits == 8)
+          if (shape.bits == 8) {
             block[(j / 4 * kTileRows + r) * 4 + j % 4] = static_cast<uint8_t>(stored(j));
-          else if (j % 8 < 4)
-            block[(j / 8 * kTileRows + r) * 4 + j % 4] = static_cast<uint8_t>(stored(j) | stored(j + 4) << 4);
+            continue;
+          }
+          if (j % 8 < 4)
+            block[(j / 8 * kTileRows + r) * 4 + j % 4] = static_cast<uint8_t>((stored(j) & 15) | (stored(j + 4) & 15) << 4);
+          if (shape.bits == 6 && j % 16 < 4) {
+            int top = 0;
+            for (int i = 0; i < 4; ++i) top |= (stored(j + 4 * i) >> 4) << 2 * i;
+            block[grouped_value_bytes(group, 4) + (j / 16 * kTileRows + r) * 4 + j % 4] = static_cast<uint8_t>(top);
+          }
         }
         if (row < n) {
           s[r] = scale[row * groups + g];

@@ -2,7 +2,8 @@
 // llama.cpp's GGUF quant types as they are: int8 (or 4-bit) values in groups of G = 16 or 32
 // consecutive K of an output row, each group with a scale and, optionally, a min:
 //   W[n, j] = scale[n, g] * w[n, j] - min[n, g]      (g = j / G)
-// 4-bit values are 0..15 with mins (Q4_1, Q4_K) and -8..7 without (Q4_0). Scales and mins are held
+// 4-bit values are 0..15 with mins (Q4_1, Q4_K) and -8..7 without (Q4_0); 6-bit values 0..63 with mins
+// (Q5_1, Q5_K: 0..31) and -32..31 without (Q6_K; Q5_0: -16..15). Scales and mins are held
 // (GroupedParams) as float32; as fp16 where every one of the weight is exact in fp16 (the types whose
 // blocks hold fp16 scales: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0); or factored as the K-quants and IQ4_XS store
 // them: an fp16 d (and dmin) per superblock of 256 K of a row times an int8 factor per group,
@@ -34,7 +35,7 @@ struct GroupedWeight {
   const uint8_t* packed = nullptr;  // grouped_layout.h
   int64_t n = 0, k = 0;
   int64_t group = 32;  // 16 or 32
-  int bits = 8;        // 8: int8 values; 4: values 0..15 with mins (Q4_1, Q4_K), -8..7 without (Q4_0)
+  int bits = 8;        // 8: int8 values; 4: 0..15 with mins, -8..7 without; 6: 0..63 with mins, -32..31 without
   bool has_min = false;
   GroupedParams params = GroupedParams::kFloat32;  // how scales and mins are held
 };

@@ -3,6 +3,8 @@
 //   4-bit values are the unsigned operand as stored (0..15); a pair is at most 2 * 15 * 127 = 3810,
 //   and the 8 maddubs of a 32-value group still sum exactly in int16 before widening (without mins
 //   the stored values are w + 8, and -8 times the activations' group sum is added after);
+//   6-bit values likewise (0..63, w + 32 without mins), widened after every two maddubs (a pair is at
+//   most 2 * 63 * 127 = 16002);
 //   int8 values go in as |w| with the sign moved onto the activation (pair at most 2 * 128 * 127),
 //   widened to int32 after every maddubs.
 // Both give the exact int32 dot of each group, so the float epilogue matches grouped_ref.cpp bit for bit.
@@ -56,6 +58,32 @@ void rows_x_tile(const GroupedProblem& p, int64_t i0, int64_t t) {
         isum[r] = _mm256_madd_epi16(pair_sums[r], ones);
         if constexpr (!MIN) isum[r] = _mm256_add_epi32(isum[r], _mm256_set1_epi32(-8 * p.group_sum[(i0 + r) * groups + g]));
       }
+    } else if constexpr (BITS == 6) {
+      const __m256i top_mask = _mm256_set1_epi8(0x30);
+      const uint8_t* top = w + grouped_value_bytes(wt.group, 4);  // the high-bit plane
+      for (int r = 0; r < MR; ++r) isum[r] = _mm256_set1_epi32(MIN ? 0 : -32 * p.group_sum[(i0 + r) * groups + g]);
+      for (int64_t kb = k0; kb < k0 + wt.group; kb += 16, w += 64, top += 32) {
+        prefetch_stream(w);
+        prefetch_stream(top);
+        const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+        const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32));
+        const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(top));
+        const __m256i u0 = _mm256_or_si256(_mm256_and_si256(v0, low4), _mm256_and_si256(_mm256_slli_epi16(h, 4), top_mask));
+        const __m256i u1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v0, 4), low4),
+                                           _mm256_and_si256(_mm256_slli_epi16(h, 2), top_mask));
+        const __m256i u2 = _mm256_or_si256(_mm256_and_si256(v1, low4), _mm256_and_si256(h, top_mask));
+        const __m256i u3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v1, 4), low4),
+                                           _mm256_and_si256(_mm256_srli_epi16(h, 2), top_mask));
+        for (int r = 0; r < MR; ++r) {
+          // pairs reach 2 * 63 * 127: two maddubs still sum exactly in int16
+          const __m256i first = _mm256_add_epi16(_mm256_maddubs_epi16(u0, broadcast4(q[r] + kb)),
+                                                 _mm256_maddubs_epi16(u1, broadcast4(q[r] + kb + 4)));
+          const __m256i second = _mm256_add_epi16(_mm256_maddubs_epi16(u2, broadcast4(q[r] + kb + 8)),
+                                                  _mm256_maddubs_epi16(u3, broadcast4(q[r] + kb + 12)));
+          isum[r] = _mm256_add_epi32(isum[r], _mm256_add_epi32(_mm256_madd_epi16(first, ones), _mm256_madd_epi16(second, ones)));
+        }
+      }
+      w = top;
     } else {
       for (int r = 0; r < MR; ++r) isum[r] = _mm256_setzero_si256();
       for (int64_t kb = k0; kb < k0 + wt.group; kb += 4, w += 32) {
@@ -157,6 +185,10 @@ void grouped_tiles(const GroupedProblem& p, int64_t tile_begin, int64_t tile_end
   if (p.w.bits == 8) {
     if (p.w.has_min) return walk<8, true>(p, tile_begin, tile_end);
     return walk<8, false>(p, tile_begin, tile_end);
+  }
+  if (p.w.bits == 6) {
+    if (p.w.has_min) return walk<6, true>(p, tile_begin, tile_end);
+    return walk<6, false>(p, tile_begin, tile_end);
   }
   if (p.w.has_min) return walk<4, true>(p, tile_begin, tile_end);
   walk<4, false>(p, tile_begin, tile_end);

@@ -1,4 +1,4 @@
-// Grouped linear with 512-bit vpdpbusd. Decode (one or two rows) of int8 values, and of 4-bit
+// Grouped linear with 512-bit vpdpbusd. Decode (one or two rows) of int8 and 6-bit values, and of 4-bit
 // values in groups of 32, walks one tile at a time as one sequential stream
 // (linear/decode_avx512.h); everything else takes grouped_walk_x86.h's register blocks: two
 // adjacent tiles (16 output columns) per zmm.
@@ -25,9 +25,10 @@ __attribute__((noinline)) void grouped_decode_tile(const GroupedProblem& p, int6
     __m256i isum[MR];
     _Pragma("GCC unroll 4") for (int r = 0; r < MR; ++r) {
       x[r] = p.q + r * wt.k + g * wt.group;
-      isum[r] = _mm256_set1_epi32((BITS == 8 ? -128 : MIN ? 0 : -8) * p.group_sum[r * groups + g]);
+      isum[r] = _mm256_set1_epi32(start_factor<BITS, MIN>() * p.group_sum[r * groups + g]);
     }
     if constexpr (BITS == 8) byte_group<MR>(w, grouped_value_bytes(wt.group, 8), x, isum);
+    else if constexpr (BITS == 6) sextet_group<MR>(w, wt.group, x, isum);
     else nibble_group<MR>(w, grouped_value_bytes(wt.group, 4), x, isum);
     __m256 scale = load_params(w, header, wt.params);
     __m256 min = MIN ? load_params(w + param_bytes, header + 2 * kTileRows, wt.params) : _mm256_setzero_ps();
@@ -56,6 +57,10 @@ void grouped_tiles(const GroupedProblem& p, int64_t tile_begin, int64_t tile_end
   if (p.m <= 2 && p.w.bits == 8) {
     if (p.w.has_min) return grouped_decode<8, true>(p, tile_begin, tile_end);
     return grouped_decode<8, false>(p, tile_begin, tile_end);
+  }
+  if (p.m <= 2 && p.w.bits == 6) {
+    if (p.w.has_min) return grouped_decode<6, true>(p, tile_begin, tile_end);
+    return grouped_decode<6, false>(p, tile_begin, tile_end);
   }
   if (p.m <= 2 && p.w.group == 32) {
     if (p.w.has_min) return grouped_decode<4, true>(p, tile_begin, tile_end);

@@ -1,6 +1,7 @@
 // Grouped linear with NEON sdot (Armv8.2 dotprod; also what i8mm and SVE2 machines run).
 // sdot multiplies signed bytes, so int8 values go in as stored and 4-bit values (0..15, or w + 8
-// without mins, whose 8 the group sums remove) after a mask or a shift; a slice's 32 bytes are rows 0-3 then rows 4-7, four K values per 32-bit lane,
+// without mins, whose 8 the group sums remove) after a mask or a shift, 6-bit ones (0..63, or w + 32)
+// with their top two bits or-ed in from the high-bit plane; a slice's 32 bytes are rows 0-3 then rows 4-7, four K values per 32-bit lane,
 // exactly one sdot operand per half tile. Group sums are exact int32, so the float epilogue is
 // grouped_ref.cpp's in the same order.
 #include <arm_neon.h>
@@ -42,8 +43,9 @@ void rows_x_tile(const GroupedProblem& p, int64_t i0, int64_t t) {
     if (grouped_opens_superblock(wt, g)) header = w, w += grouped_header_bytes(wt);
     const int64_t k0 = g * wt.group;
     int32x4_t isum[MR][2];
-    for (int r = 0; r < MR; ++r)  // 4-bit values without mins are stored w + 8
-      isum[r][0] = isum[r][1] = vdupq_n_s32(BITS == 4 && !MIN ? -8 * p.group_sum[(i0 + r) * groups + g] : 0);
+    for (int r = 0; r < MR; ++r)  // 4- and 6-bit values without mins are stored w + 8, w + 32
+      isum[r][0] = isum[r][1] = vdupq_n_s32(MIN || BITS == 8 ? 0 : (BITS == 4 ? -8 : -32) * p.group_sum[(i0 + r) * groups + g]);
+    const uint8_t* top = w + grouped_value_bytes(wt.group, 4);  // 6-bit: the high-bit plane
     for (int64_t kb = k0; kb < k0 + wt.group; kb += 16) {
       // 16 K values: four 8-bit slices, or two 4-bit slices whose low and high nibbles take turns.
       int8x16_t s[4][2];
@@ -56,6 +58,15 @@ void rows_x_tile(const GroupedProblem& p, int64_t i0, int64_t t) {
             s[2 * i][h] = vreinterpretq_s8_u8(vandq_u8(v, low4));
             s[2 * i + 1][h] = vreinterpretq_s8_u8(vshrq_n_u8(v, 4));
           }
+        if constexpr (BITS == 6) {  // steps 0-3 take bits 0-1, 2-3, 4-5, 6-7 of the plane's bytes at bit 4
+          const uint8x16_t top_mask = vdupq_n_u8(0x30);
+          for (int h = 0; h < 2; ++h, top += 16) {
+            const uint8x16_t t = vld1q_u8(top);
+            const uint8x16_t at4[4] = {vandq_u8(vshlq_n_u8(t, 4), top_mask), vandq_u8(vshlq_n_u8(t, 2), top_mask),
+                                       vandq_u8(t, top_mask), vandq_u8(vshrq_n_u8(t, 2), top_mask)};
+            for (int i = 0; i < 4; ++i) s[i][h] = vreinterpretq_s8_u8(vorrq_u8(vreinterpretq_u8_s8(s[i][h]), at4[i]));
+          }
+        }
       }
       for (int r = 0; r < MR; ++r) {
         int8x16_t a = vld1q_s8(p.q + (i0 + r) * wt.k + kb);
@@ -67,6 +78,7 @@ void rows_x_tile(const GroupedProblem& p, int64_t i0, int64_t t) {
         }
       }
     }
+    if constexpr (BITS == 6) w = top;
     const int64_t b = k0 / kGroupedActivationBlock;
     float32x4_t scale[2], min[2];
     for (int h = 0; h < 2; ++h) {
@@ -103,6 +115,10 @@ void grouped_tiles(const GroupedProblem& p, int64_t tile_begin, int64_t tile_end
   if (p.w.bits == 8) {
     if (p.w.has_min) return walk<8, true>(p, tile_begin, tile_end);
     return walk<8, false>(p, tile_begin, tile_end);
+  }
+  if (p.w.bits == 6) {
+    if (p.w.has_min) return walk<6, true>(p, tile_begin, tile_end);
+    return walk<6, false>(p, tile_begin, tile_end);
   }
   if (p.w.has_min) return walk<4, true>(p, tile_begin, tile_end);
   walk<4, false>(p, tile_begin, tile_end);

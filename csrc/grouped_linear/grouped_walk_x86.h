@@ -1,8 +1,8 @@
 // The register-blocked grouped kernel of the x86 vpdpbusd variants, written once over the lane
 // types of linear/tile_walk_x86.h (ZmmLanes: two 8-row tiles per zmm; YmmLanes: one per ymm).
-// Per group each accumulator sums exactly in int32: 4-bit values are the unsigned operand as
-// stored (w + 8 without mins: the accumulator starts at -8 * sum(q)); int8 values are flipped to
-// w + 128 and the accumulator starts at -128 * sum(q).
+// Per group each accumulator sums exactly in int32: 4- and 6-bit values are the unsigned operand as
+// stored (w + 8 or w + 32 without mins: the accumulator starts at -8 or -32 times sum(q)); int8 values
+// are flipped to w + 128 and the accumulator starts at -128 * sum(q).
 // Internal linkage on purpose: each ISA file instantiates this with its own target flags.
 #pragma once
 #include <cstdint>
@@ -22,6 +22,12 @@ typename L::F load_params(const uint8_t* const* w, int64_t offset, int64_t heade
   return L::as_float(L::load(w, offset));
 }
 
+// What the accumulator of a group starts at, times the activations' group sum: the stored values' offset.
+template <int BITS, bool MIN>
+constexpr int32_t start_factor() {
+  return BITS == 8 ? -128 : MIN ? 0 : BITS == 4 ? -8 : -32;
+}
+
 template <typename L, int BITS, bool MIN, int MR, int NB>
 __attribute__((noinline)) void grouped_rows_x_tiles(const GroupedProblem& p, int64_t i0, int64_t t, int64_t tiles) {
   using I = typename L::I;
@@ -39,7 +45,7 @@ __attribute__((noinline)) void grouped_rows_x_tiles(const GroupedProblem& p, int
     if (grouped_opens_superblock(wt, g)) header = offset, offset += grouped_header_bytes(wt);
     I isum[MR][NV];
     _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
-      I start = L::splat((BITS == 8 ? -128 : MIN ? 0 : -8) * p.group_sum[(i0 + r) * groups + g]);
+      I start = L::splat(start_factor<BITS, MIN>() * p.group_sum[(i0 + r) * groups + g]);
       _Pragma("GCC unroll 16") for (int j = 0; j < NV; ++j) isum[r][j] = start;
     }
     const int64_t k0 = g * wt.group;
@@ -49,6 +55,23 @@ __attribute__((noinline)) void grouped_rows_x_tiles(const GroupedProblem& p, int
           I v = L::flip(L::load(w[j], offset));
           _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) L::dpbusd(isum[r][j], v, q[r] + kb);
         }
+    } else if constexpr (BITS == 6) {
+      // per 16 K: two nibble steps and their high-bit byte plane
+      const int64_t top = offset + grouped_value_bytes(wt.group, 4);
+      for (int64_t kb = k0; kb < k0 + wt.group; kb += 16, offset += 64)
+        _Pragma("GCC unroll 16") for (int j = 0; j < NV; ++j) {
+          I h = L::load(w[j], top + (kb - k0) * 2);
+          I v0 = L::load(w[j], offset), v1 = L::load(w[j], offset + 32);
+          I u = L::or_(L::low4(v0), L::template bits_at4<0>(h));
+          _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) L::dpbusd(isum[r][j], u, q[r] + kb);
+          u = L::or_(L::high4(v0), L::template bits_at4<2>(h));
+          _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) L::dpbusd(isum[r][j], u, q[r] + kb + 4);
+          u = L::or_(L::low4(v1), L::template bits_at4<4>(h));
+          _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) L::dpbusd(isum[r][j], u, q[r] + kb + 8);
+          u = L::or_(L::high4(v1), L::template bits_at4<6>(h));
+          _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) L::dpbusd(isum[r][j], u, q[r] + kb + 12);
+        }
+      offset = top + grouped_value_bytes(wt.group, 2);
     } else {
       for (int64_t kb = k0; kb < k0 + wt.group; kb += 8, offset += 32)
         _Pragma("GCC unroll 16") for (int j = 0; j < NV; ++j) {
@@ -98,6 +121,10 @@ void grouped_walk(const GroupedProblem& p, int64_t tile_begin, int64_t tile_end)
   if (p.w.bits == 8) {
     if (p.w.has_min) return grouped_walk_of<L, 8, true>(p, tile_begin, tile_end);
     return grouped_walk_of<L, 8, false>(p, tile_begin, tile_end);
+  }
+  if (p.w.bits == 6) {
+    if (p.w.has_min) return grouped_walk_of<L, 6, true>(p, tile_begin, tile_end);
+    return grouped_walk_of<L, 6, false>(p, tile_begin, tile_end);
   }
   if (p.w.has_min) return grouped_walk_of<L, 4, true>(p, tile_begin, tile_end);
   grouped_walk_of<L, 4, false>(p, tile_begin, tile_end);

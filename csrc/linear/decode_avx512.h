@@ -1,5 +1,5 @@
 // Decode (one or two activation rows) on AVX-512 for the tile layouts of W4A8, W8A8 and grouped
-// weights (4-bit values in groups of 32, int8 values in groups of 16 or 32): one 8-row tile at a
+// weights (4-bit values in groups of 32, 6-bit and int8 values in groups of 16 or 32): one 8-row tile at a
 // time over all of K, so each thread reads its share of the weights as one sequential stream. The
 // register-blocked walk of tile_walk_x86.h keeps 8 tiles (8 streams) in flight per thread for its
 // accumulators; on Zen 4 the hardware prefetchers serve that slower than one stream
@@ -95,6 +95,36 @@ inline void nibble_group(const uint8_t*& w, int64_t group_bytes, const int8_t* c
     __m512i s = _mm512_add_epi32(_mm512_add_epi32(sums[r][0], sums[r][1]), _mm512_add_epi32(sums[r][2], sums[r][3]));
     isum[r] = _mm256_add_epi32(isum[r], fold_halves(s));
   }
+}
+
+// The same for one group of 6-bit values (group 16 or 32): per 16 K, a 64-byte load of the nibbles of
+// two steps, and the 32 bytes of their high-bit plane (after all of the group's nibbles) in both
+// halves, the upper half's (the odd step's bits 4-7) shifted down by 4 first; w advances past the plane.
+template <int MR>
+inline void sextet_group(const uint8_t*& w, int64_t group, const int8_t* const (&x)[MR], __m256i (&isum)[MR]) {
+  const __m512i mask = _mm512_set1_epi8(0x0f), top_mask = _mm512_set1_epi8(0x30);
+  const __m512i odd_step_down = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+  const __m512i low = dword_pairs(0, 2), high = dword_pairs(1, 3);
+  const uint8_t* top = w + 4 * group;
+  __m512i sums[MR][2];
+  _Pragma("GCC unroll 4") for (int r = 0; r < MR; ++r) sums[r][0] = sums[r][1] = _mm512_setzero_si512();
+  for (int64_t c = 0; c < group; c += 16, w += 64, top += 32) {
+    prefetch_ahead(w);
+    const __m512i v = _mm512_loadu_si512(w);
+    const __m512i h = _mm512_srlv_epi16(
+        _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(top))), odd_step_down);
+    const __m512i lo = _mm512_or_si512(_mm512_and_si512(v, mask), _mm512_and_si512(_mm512_slli_epi16(h, 4), top_mask));
+    const __m512i hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), mask),
+                                       _mm512_and_si512(_mm512_slli_epi16(h, 2), top_mask));
+    _Pragma("GCC unroll 4") for (int r = 0; r < MR; ++r) {
+      __m512i q = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[r] + c)));
+      sums[r][0] = _mm512_dpbusd_epi32(sums[r][0], lo, _mm512_permutexvar_epi32(low, q));
+      sums[r][1] = _mm512_dpbusd_epi32(sums[r][1], hi, _mm512_permutexvar_epi32(high, q));
+    }
+  }
+  w = top;
+  _Pragma("GCC unroll 4") for (int r = 0; r < MR; ++r)
+    isum[r] = _mm256_add_epi32(isum[r], fold_halves(_mm512_add_epi32(sums[r][0], sums[r][1])));
 }
 
 // The same for int8 values (group_bytes = 8 * group, a multiple of 128; W8A8's group is the whole

@@ -75,6 +75,13 @@ struct ZmmLanes {
   static I low4(I v) { return _mm512_and_si512(v, _mm512_set1_epi8(0x0f)); }
   static I high4(I v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0f)); }
   static I flip(I v) { return _mm512_xor_si512(v, _mm512_set1_epi8(static_cast<char>(0x80))); }
+  // ((v >> S) & 3) << 4 per byte, S even: the 16-bit shifts move no bit across a byte under the mask
+  template <int S>
+  static I bits_at4(I v) {
+    I shifted = S <= 4 ? _mm512_slli_epi16(v, 4 - S) : _mm512_srli_epi16(v, S - 4);
+    return _mm512_and_si512(shifted, _mm512_set1_epi8(0x30));
+  }
+  static I or_(I a, I b) { return _mm512_or_si512(a, b); }
   static I splat(int32_t v) { return _mm512_set1_epi32(v); }
   static F splat(float v) { return _mm512_set1_ps(v); }
   static F as_float(I v) { return _mm512_castsi512_ps(v); }

@@ -40,6 +40,13 @@ struct YmmLanes {
   static I low4(I v) { return _mm256_and_si256(v, _mm256_set1_epi8(0x0f)); }
   static I high4(I v) { return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0f)); }
   static I flip(I v) { return _mm256_xor_si256(v, _mm256_set1_epi8(static_cast<char>(0x80))); }
+  // ((v >> S) & 3) << 4 per byte, S even: the 16-bit shifts move no bit across a byte under the mask
+  template <int S>
+  static I bits_at4(I v) {
+    I shifted = S <= 4 ? _mm256_slli_epi16(v, 4 - S) : _mm256_srli_epi16(v, S - 4);
+    return _mm256_and_si256(shifted, _mm256_set1_epi8(0x30));
+  }
+  static I or_(I a, I b) { return _mm256_or_si256(a, b); }
   static I splat(int32_t v) { return _mm256_set1_epi32(v); }
   static F splat(float v) { return _mm256_set1_ps(v); }
   static F as_float(I v) { return _mm256_castsi256_ps(v); }

@@ -359,7 +359,7 @@ float exact_f16(float v) {
   return float_to_f16_exact(truncated, &h) ? truncated : std::ldexp(std::round(std::ldexp(v, 24)), -24);
 }
 
-// grouped_linear (GGUF quant blocks): every variant equals the reference for int8 and 4-bit values, groups of
+// grouped_linear (GGUF quant blocks): every variant equals the reference for int8, 6- and 4-bit values, groups of
 // 16 and 32, with and without mins, float32, fp16 and factored scales (K a multiple of 256), x and out in both
 // dtypes, on shapes whose N leaves a partial tile and register block (all-zero activation rows included);
 // packing round-trips.
@@ -368,14 +368,15 @@ void check_grouped(const std::vector<Isa>& isas, bool quick, std::vector<Tally>&
   const std::vector<int64_t> ms = quick ? std::vector<int64_t>{1, 3, 17} : std::vector<int64_t>{1, 2, 3, 5, 8, 9, 17, 64};
   std::uniform_real_distribution<float> scale_dist(0.001f, 0.02f), min_dist(-0.1f, 0.1f), bias_dist(-1.f, 1.f);
   for (Shape s : shapes)
-    for (int bits : {8, 4})
+    for (int bits : {8, 6, 4})
       for (int64_t group : {16, 32})
         for (bool has_min : {false, true})
           for (GroupedParams form : {GroupedParams::kFloat32, GroupedParams::kFloat16, GroupedParams::kFactored}) {
             if (form == GroupedParams::kFactored && s.k % kGroupedSuperblock != 0) continue;
             const bool f16_params = form == GroupedParams::kFloat16;
-            const int lowest = bits == 8 ? -128 : has_min ? 0 : -8;  // 4-bit: 0..15 with mins, -8..7 without
-            std::uniform_int_distribution<int> value(lowest, bits == 8 ? 127 : lowest + 15);
+            // 4-bit: 0..15 with mins, -8..7 without; 6-bit: 0..63, -32..31
+            const int lowest = bits == 8 ? -128 : has_min ? 0 : -(1 << (bits - 1));
+            std::uniform_int_distribution<int> value(lowest, lowest + (1 << bits) - 1);
             const int64_t groups = s.n * (s.k / group);
             std::vector<int8_t> w(s.n * s.k);
             for (auto& v : w) v = static_cast<int8_t>(value(rng));

@@ -327,7 +327,7 @@ def _factors_exactly(p: torch.Tensor, d: torch.Tensor) -> bool:
 
 class GroupedWeight:
     """Weights [N, K] kept as a GGUF file's quant blocks (shrike.convert.gguf_blocks): int8 values (or 4-bit
-    ones: 0..15 with mins, -8..7 without) with a scale and optionally a min per ``group_size`` (16 or 32)
+    ones: 0..15 with mins, -8..7 without; or 6-bit: 0..63, -32..31) with a scale and optionally a min per ``group_size`` (16 or 32)
     consecutive K of a row, W[c, j] = scale[c, g] * values[c, j] - min[c, g]; run against int8 activations
     quantized per 32 K (csrc/grouped_linear/grouped_linear.h). ``params`` says how scales and mins are held:
     "factored" as an fp16 d (dmin) per 256 K of a row times an int8 factor per group (the K-quants' and
@@ -350,7 +350,7 @@ class GroupedWeight:
     @classmethod
     def from_values(cls, values: torch.Tensor, scale: torch.Tensor, min: torch.Tensor | None, group_size: int,
                     bits: int, d: torch.Tensor | None = None, dmin: torch.Tensor | None = None) -> "GroupedWeight":
-        """values (N, K) int8 (bits 4: 0..15 with a min, -8..7 without), scale and min (N, K / group_size)
+        """values (N, K) int8 (bits 4: 0..15 with a min, -8..7 without; 6: 0..63, -32..31), scale and min (N, K / group_size)
         float32 (min may be None). d and dmin (N, K / 256): the superblock scales the K-quants multiply their
         integer group scales (and mins) by; given, exact in fp16 and factoring every scale (and min) exactly,
         the weight holds them factored, the smallest form."""

@@ -39,7 +39,7 @@ class GroupedBlocks:
     scale: np.ndarray  # (n, k // group) float32
     min: np.ndarray | None  # (n, k // group) float32, or None when the type has no min
     group: int  # 16 or 32
-    bits: int  # 4 when every value fits a nibble by the type's definition (0..15 with a min, -8..7 without), else 8
+    bits: int  # the type's value bits as packed: 4 (0..15 with a min, -8..7 without), 6 (0..63, -32..31) or 8
     type_name: str  # the GGUF type they came from
     d: np.ndarray | None = None  # (n, k // 256) float32 superblock scales (K-quants, IQ4_XS): scale = d * integer
     dmin: np.ndarray | None = None  # (n, k // 256) float32 superblock mins (Q4_K, Q5_K): min = dmin * integer
@@ -58,6 +58,15 @@ class GroupedBlocks:
             return None if a is None else a[index]
         return GroupedBlocks(self.values[index], self.scale[index], pick(self.min), self.group, self.bits,
                              self.type_name, pick(self.d), pick(self.dmin))
+
+    def with_min(self) -> "GroupedBlocks":
+        """The same weights as unsigned values with a min (blocks without one): values + 2^(bits-1), the min
+        that offset times the scale (and dmin d times it), all exact, so they join a weight of parts with mins
+        at their own bits."""
+        offset = 1 << (self.bits - 1)
+        return GroupedBlocks((self.values + offset).astype(np.int8), self.scale, self.scale * np.float32(offset),
+                             self.group, self.bits, self.type_name, self.d,
+                             None if self.d is None else self.d * np.float32(offset))
 
     def regrouped(self, group: int) -> "GroupedBlocks":
         """The same weights with groups of `group` (a divisor of this group): each scale and min repeated."""
@@ -165,12 +174,12 @@ def _iq4_xs(b):
 TYPES = {
     T.Q4_0: (18, 32, 32, 4, _q4_0),
     T.Q4_1: (20, 32, 32, 4, _q4_1),
-    T.Q5_0: (22, 32, 32, 8, _q5_0),
-    T.Q5_1: (24, 32, 32, 8, _q5_1),
+    T.Q5_0: (22, 32, 32, 6, _q5_0),
+    T.Q5_1: (24, 32, 32, 6, _q5_1),
     T.Q8_0: (34, 32, 32, 8, _q8_0),
     T.Q4_K: (144, 256, 32, 4, _q4_k),
-    T.Q5_K: (176, 256, 32, 8, _q5_k),
-    T.Q6_K: (210, 256, 16, 8, _q6_k),
+    T.Q5_K: (176, 256, 32, 6, _q5_k),
+    T.Q6_K: (210, 256, 16, 6, _q6_k),
     T.IQ4_XS: (136, 256, 32, 8, _iq4_xs),
 }
 

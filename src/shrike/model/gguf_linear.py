@@ -3,8 +3,9 @@
 The make_linear of a model loaded from a GGUF file: a linear whose tensors are of a type in
 convert.gguf_blocks.TYPES is built from the file's quant blocks, repacked losslessly, instead of being
 converted to bf16. Every mix becomes a grouped weight (kernels.GroupedWeight), in groups of 16
-when any part has them (a group of 32 is two of 16 with the same scale and min), 4-bit when every part
-is and all or none of them have mins. Layers of other types (F16, BF16, F32, Q2_K, Q3_K, the other
+when any part has them (a group of 32 is two of 16 with the same scale and min), at the widest part's bits
+(4: Q4_0, Q4_1, Q4_K; 6: Q5_x, Q6_K; 8: Q8_0, IQ4_XS); a signed 4- or 6-bit part beside parts with mins takes
+unsigned values and a min (exact), an int8 part keeps its signs. Layers of other types (F16, BF16, F32, Q2_K, Q3_K, the other
 i-quants) are converted to bf16 as `shrike convert` converts them, read from the file when the model
 asks for them (model.weights.GGUFTensors). The lm_head (output.weight, or the tied
 token_embd.weight) runs from the file's blocks when its type has a kernel; the embedding table is then
@@ -166,12 +167,15 @@ def _weight(blocks: list[GroupedBlocks]) -> tuple[object, str]:
     group = min(b.group for b in blocks)
     blocks = [b.regrouped(group) if b.group != group else b for b in blocks]
     has_min = any(b.min is not None for b in blocks)
+    # the widest part's bits hold every part's values; signed 4- and 6-bit parts beside parts with mins are
+    # shifted to unsigned values with a min (int8 holds both signs as they are)
+    bits = max(b.bits for b in blocks)
+    if has_min and bits < 8:
+        blocks = [b if b.min is not None else b.with_min() for b in blocks]
     values = torch.from_numpy(np.concatenate([b.values for b in blocks]))
     scale = torch.from_numpy(np.concatenate([b.scale for b in blocks]))
     mins = torch.from_numpy(np.concatenate([b.min if b.min is not None else np.zeros_like(b.scale)
                                             for b in blocks])) if has_min else None
-    # 4-bit values without a min are -8..7 and with one 0..15: a mix of both takes int8 values
-    bits = 4 if all(b.bits == 4 and (b.min is not None) == has_min for b in blocks) else 8
     d = dmin = None
     if all(b.d is not None for b in blocks):  # every part has superblocks: scales held as their factors
         d = torch.from_numpy(np.concatenate([b.d for b in blocks]))
