@@ -26,4 +26,4 @@ shrike::WeightOnlyWeight weight_only_weight(const nanobind::ndarray<nanobind::de
 
 // A grouped (GGUF quant blocks) weight over packed, checked (bindings_grouped.cpp).
 shrike::GroupedWeight grouped_weight(const nanobind::ndarray<nanobind::device::cpu>& packed, int64_t n, int64_t k,
-                                     int64_t group, int bits, bool has_min, int params);
+                                     int64_t group, int bits, bool has_min, bool codebook, int params);

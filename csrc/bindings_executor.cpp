@@ -231,16 +231,16 @@ void bind_executor(nb::module_& m) {
       }, nb::arg("q"), nb::arg("scale"), nb::arg("offset"), nb::arg("perm").none(), nb::arg("bits"), nb::arg("n"),
          nb::arg("k"), nb::arg("group"), nb::arg("bias").none())
       .def_static("grouped", [](const StridedArray& packed, int64_t n, int64_t k, int64_t group, int bits, bool has_min,
-                                int params, std::optional<Array> bias) {
+                                bool codebook, int params, std::optional<Array> bias) {
         Linear l;
         l.kind = LinearKind::grouped;
         l.n = n, l.k = k, l.group = group;
-        l.grouped = grouped_weight(packed, n, k, group, bits, has_min, params);
+        l.grouped = grouped_weight(packed, n, k, group, bits, has_min, codebook, params);
         l.weight = l.grouped.packed;
         if (bias) l.bias = data_of<const float>(*bias, "bias", n);
         return l;
       }, nb::arg("packed"), nb::arg("n"), nb::arg("k"), nb::arg("group"), nb::arg("bits"), nb::arg("has_min"),
-         nb::arg("params"), nb::arg("bias").none())
+         nb::arg("codebook"), nb::arg("params"), nb::arg("bias").none())
       .def_prop_ro("quantized_input", [](const Linear& l) { return format_of(l.kind).quantized_input; })
       .def_prop_ro("format", [](const Linear& l) { return std::string(format_of(l.kind).name); })
       .def_ro("n", &Linear::n)
@@ -264,9 +264,9 @@ void bind_executor(nb::module_& m) {
         p.exe.add_op("embedding", embedding_op(out, table.data(), dim(table, 1), scale, dt));
       })
       .def("packed_embedding", [](PyExecutor& p, int out, const nb::ndarray<nb::device::cpu>& packed, int64_t n,
-                                  int64_t k, int64_t group, int bits, bool has_min, int params, float scale,
+                                  int64_t k, int64_t group, int bits, bool has_min, bool codebook, int params, float scale,
                                   const std::string& dtype) {
-        const shrike::GroupedWeight table = grouped_weight(packed, n, k, group, bits, has_min, params);
+        const shrike::GroupedWeight table = grouped_weight(packed, n, k, group, bits, has_min, codebook, params);
         require(n == p.exe.vocab, kOp, "the packed embedding table must have a row per vocabulary entry");
         p.exe.add_op("embedding", packed_embedding_op(out, table, scale, dtype_named(dtype)));
       })

@@ -40,9 +40,9 @@ void embedding(const Array& token_ids, const Array& table, Array& out, float sca
 }
 
 void packed_embedding(const Array& token_ids, const nb::ndarray<nb::device::cpu>& packed, int64_t n, int64_t k,
-                      int64_t group, int bits, bool has_min, int params, Array& out, float scale) {
+                      int64_t group, int bits, bool has_min, bool codebook, int params, Array& out, float scale) {
   const std::string op = "packed_embedding";
-  const shrike::GroupedWeight table = grouped_weight(packed, n, k, group, bits, has_min, params);
+  const shrike::GroupedWeight table = grouped_weight(packed, n, k, group, bits, has_min, codebook, params);
   shrike::DType dt = float_dtype(out, op, "out");
   require(token_ids.dtype() == nb::dtype<int64_t>() && token_ids.ndim() == 1, op, "token_ids must be (T,) int64");
   require(out.ndim() == 2 && dim(out, 0) == dim(token_ids, 0) && dim(out, 1) == k, op, "out must be (T, k)");
@@ -163,7 +163,7 @@ void bind_fused(nb::module_& m) {
   m.def("embedding", &embedding, nb::arg("token_ids"), nb::arg("table"), nb::arg("out").noconvert(), nb::arg("scale"),
         "out = table[token_ids] * scale (the multiply only when scale != 1).");
   m.def("packed_embedding", &packed_embedding, nb::arg("token_ids"), nb::arg("packed"), nb::arg("n"), nb::arg("k"),
-        nb::arg("group"), nb::arg("bits"), nb::arg("has_min"), nb::arg("params"), nb::arg("out").noconvert(),
+        nb::arg("group"), nb::arg("bits"), nb::arg("has_min"), nb::arg("codebook"), nb::arg("params"), nb::arg("out").noconvert(),
         nb::arg("scale"), "out[t] = row token_ids[t] of a grouped weight as its bf16 conversion holds it, * scale.");
   m.def("silu_mul", &silu_mul, nb::arg("gate_up"), nb::arg("out").noconvert(), "out = silu(gate) * up for gate_up = [gate | up].");
   m.def("rope_write_kv", &rope_write_kv, nb::arg("qkv"), nb::arg("cos"), nb::arg("sin"), nb::arg("slot_mapping"),

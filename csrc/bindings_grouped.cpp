@@ -28,9 +28,9 @@ T* checked(const Array& a, const char* name, size_t size) {
   return static_cast<T*>(a.data());
 }
 
-shrike::GroupedWeight shape_of(int64_t n, int64_t k, int64_t group, int bits, bool has_min, int params) {
+shrike::GroupedWeight shape_of(int64_t n, int64_t k, int64_t group, int bits, bool has_min, bool codebook, int params) {
   shrike::GroupedWeight w;
-  w.n = n, w.k = k, w.group = group, w.bits = bits, w.has_min = has_min;
+  w.n = n, w.k = k, w.group = group, w.bits = bits, w.has_min = has_min, w.codebook = codebook;
   w.params = static_cast<shrike::GroupedParams>(params);
   try {
     shrike::check_grouped_shape(w);
@@ -42,9 +42,10 @@ shrike::GroupedWeight shape_of(int64_t n, int64_t k, int64_t group, int bits, bo
 }
 
 void grouped_pack(const Array& values, const Array& scale, const std::optional<Array>& min, int64_t group, int bits,
-                  int params, Array& packed, const std::optional<Array>& d, const std::optional<Array>& dmin) {
+                  bool codebook, int params, Array& packed, const std::optional<Array>& d,
+                  const std::optional<Array>& dmin) {
   require(values.ndim() == 2, kOp, "values must be (N, K), got shape " + shape_text(values));
-  shrike::GroupedWeight w = shape_of(dim(values, 0), dim(values, 1), group, bits, min.has_value(), params);
+  shrike::GroupedWeight w = shape_of(dim(values, 0), dim(values, 1), group, bits, min.has_value(), codebook, params);
   const size_t groups = static_cast<size_t>(w.n * (w.k / group));
   const int8_t* v = checked<int8_t>(values, "values", static_cast<size_t>(w.n * w.k));
   const float* s = checked<float>(scale, "scale", groups);
@@ -62,9 +63,9 @@ void grouped_pack(const Array& values, const Array& scale, const std::optional<A
   }
 }
 
-void grouped_unpack(const Array& packed, int64_t n, int64_t k, int64_t group, int bits, bool has_min, int params,
-                    Array& values, Array& scale, std::optional<Array> min) {
-  shrike::GroupedWeight w = grouped_weight(packed, n, k, group, bits, has_min, params);
+void grouped_unpack(const Array& packed, int64_t n, int64_t k, int64_t group, int bits, bool has_min, bool codebook,
+                    int params, Array& values, Array& scale, std::optional<Array> min) {
+  shrike::GroupedWeight w = grouped_weight(packed, n, k, group, bits, has_min, codebook, params);
   require(min.has_value() == has_min, kOp, "pass min exactly when the weight has mins");
   const size_t groups = static_cast<size_t>(n * (k / group));
   int8_t* v = checked<int8_t>(values, "values", static_cast<size_t>(n * k));
@@ -75,11 +76,11 @@ void grouped_unpack(const Array& packed, int64_t n, int64_t k, int64_t group, in
 }
 
 void grouped_linear(const Array& x, const Array& packed, int64_t n, int64_t group, int bits, bool has_min,
-                    int params, const std::optional<Array>& bias, Array& out) {
+                    bool codebook, int params, const std::optional<Array>& bias, Array& out) {
   shrike::DType xt = float_dtype(x, kOp, "x"), ot = float_dtype(out, kOp, "out");
   require(x.ndim() == 2 && contiguous(x), kOp, "x must be a contiguous 2-D (M, K) tensor, got shape " + shape_text(x));
   const int64_t m = dim(x, 0), k = dim(x, 1);
-  shrike::GroupedWeight w = grouped_weight(packed, n, k, group, bits, has_min, params);
+  shrike::GroupedWeight w = grouped_weight(packed, n, k, group, bits, has_min, codebook, params);
   require(out.ndim() == 2 && dim(out, 0) == m && dim(out, 1) == n && contiguous(out), kOp,
           "out must be contiguous (" + std::to_string(m) + ", " + std::to_string(n) + "), got " + shape_text(out));
   const float* b = bias ? checked<float>(*bias, "bias", static_cast<size_t>(n)) : nullptr;
@@ -90,27 +91,30 @@ void grouped_linear(const Array& x, const Array& packed, int64_t n, int64_t grou
 }  // namespace
 
 shrike::GroupedWeight grouped_weight(const Array& packed, int64_t n, int64_t k, int64_t group, int bits, bool has_min,
-                                     int params) {
-  shrike::GroupedWeight w = shape_of(n, k, group, bits, has_min, params);
+                                     bool codebook, int params) {
+  shrike::GroupedWeight w = shape_of(n, k, group, bits, has_min, codebook, params);
   w.packed = checked<uint8_t>(packed, "packed", static_cast<size_t>(shrike::grouped_packed_bytes(w)));
   return w;
 }
 
 void bind_grouped(nb::module_& m) {
-  m.def("grouped_packed_bytes", [](int64_t n, int64_t k, int64_t group, int bits, bool has_min, int params) {
-    return shrike::grouped_packed_bytes(shape_of(n, k, group, bits, has_min, params));
-  }, nb::arg("n"), nb::arg("k"), nb::arg("group"), nb::arg("bits"), nb::arg("has_min"), nb::arg("params"));
+  m.def("grouped_packed_bytes", [](int64_t n, int64_t k, int64_t group, int bits, bool has_min, bool codebook, int params) {
+    return shrike::grouped_packed_bytes(shape_of(n, k, group, bits, has_min, codebook, params));
+  }, nb::arg("n"), nb::arg("k"), nb::arg("group"), nb::arg("bits"), nb::arg("has_min"), nb::arg("codebook"),
+     nb::arg("params"));
   m.def("grouped_pack", &grouped_pack, nb::arg("values"), nb::arg("scale"), nb::arg("min").none(), nb::arg("group"),
-        nb::arg("bits"), nb::arg("params"), nb::arg("packed").noconvert(), nb::arg("d").none() = nb::none(),
-        nb::arg("dmin").none() = nb::none(),
-        "Packs values (N, K) int8 (bits=4: 0..15 with mins, -8..7 without) with scale and min (N, K / group) float32 "
-        "into packed uint8. params 0 keeps them as float32, 1 as fp16 (each must be exact in fp16), 2 as int8 factors "
-        "of d and dmin (N, K / 256) float32 (each exact in fp16; scale = d * factor exactly).");
+        nb::arg("bits"), nb::arg("codebook"), nb::arg("params"), nb::arg("packed").noconvert(),
+        nb::arg("d").none() = nb::none(), nb::arg("dmin").none() = nb::none(),
+        "Packs values (N, K) int8 (bits=4: 0..15 with mins, -8..7 without; 6: 0..63, -32..31; codebook: levels of "
+        "the IQ4_NL grid) with scale and min (N, K / group) float32 into packed uint8. params 0 keeps them as "
+        "float32, 1 as fp16 (each must be exact in fp16), 2 as int8 factors of d and dmin "
+        "(N, K / 256) float32 (each exact in fp16; scale = d * factor exactly).");
   m.def("grouped_unpack", &grouped_unpack, nb::arg("packed"), nb::arg("n"), nb::arg("k"), nb::arg("group"),
-        nb::arg("bits"), nb::arg("has_min"), nb::arg("params"), nb::arg("values").noconvert(),
+        nb::arg("bits"), nb::arg("has_min"), nb::arg("codebook"), nb::arg("params"), nb::arg("values").noconvert(),
         nb::arg("scale").noconvert(), nb::arg("min").none().noconvert());
   m.def("grouped_linear", &grouped_linear, nb::arg("x"), nb::arg("packed"), nb::arg("n"), nb::arg("group"),
-        nb::arg("bits"), nb::arg("has_min"), nb::arg("params"), nb::arg("bias").none(), nb::arg("out").noconvert(),
+        nb::arg("bits"), nb::arg("has_min"), nb::arg("codebook"), nb::arg("params"), nb::arg("bias").none(),
+        nb::arg("out").noconvert(),
         "out (M, N) = x (M, K) . W^T (+ bias), W[c, j] = scale[c, g] * values[c, j] - min[c, g], x quantized to int8 "
         "per block of 32 (csrc/grouped_linear/grouped_linear.h); x, out float32 or bfloat16.");
   m.def("grouped_variant", &shrike::grouped_variant, nb::arg("m"));

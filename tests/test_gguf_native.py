@@ -15,7 +15,7 @@ from gguf import GGMLQuantizationType as Q
 from shrike import LLM, SamplingParams, _C
 from shrike.convert import convert_gguf
 from shrike.convert.gguf import read_gguf_model
-from shrike.convert.gguf_blocks import TYPES, grouped_blocks
+from shrike.convert.gguf_blocks import IQ4_GRID, TYPES, grouped_blocks
 from shrike.executor.step import EagerStep
 from shrike.layers.linear import DenseLinear
 from shrike.kernels import GroupedWeight
@@ -44,7 +44,13 @@ def packed_form(qtype: Q, data: np.ndarray, rows: int, cols: int) -> GroupedWeig
     def tensor(a):
         return None if a is None else torch.from_numpy(a)
     return GroupedWeight.from_values(torch.from_numpy(blocks.values), torch.from_numpy(blocks.scale), mins,
-                                     blocks.group, blocks.bits, tensor(blocks.d), tensor(blocks.dmin))
+                                     blocks.group, blocks.bits, tensor(blocks.d), tensor(blocks.dmin), blocks.codebook)
+
+
+# The bits each type's values are held in: the file's own (5-bit values in 6), and the i-quants' grid levels as
+# their 4-bit indices
+HELD = {Q.Q4_0: (4, False), Q.Q4_1: (4, False), Q.Q5_0: (6, False), Q.Q5_1: (6, False), Q.Q8_0: (8, False),
+        Q.Q4_K: (4, False), Q.Q5_K: (6, False), Q.Q6_K: (6, False), Q.IQ4_NL: (4, True), Q.IQ4_XS: (4, True)}
 
 
 @pytest.mark.parametrize("qtype", list(TYPES), ids=[t.name for t in TYPES])
@@ -54,22 +60,26 @@ def test_repacked_weights_dequantize_to_the_gguf_values_bit_for_bit(qtype):
     expected = gguf.quants.dequantize(data, qtype).reshape(rows, cols).astype(np.float32)
     weight = packed_form(qtype, data, rows, cols)
     # the types whose blocks hold fp16 scales keep them so, and the superblock types their factors: the file's form
-    assert weight.params == ("float16" if qtype in {Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0} else "factored")
+    assert weight.params == ("float16" if qtype in {Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.IQ4_NL} else "factored")
+    assert (weight.bits, weight.codebook) == HELD[qtype]
     got = weight.dequantize()
     assert np.isfinite(expected).all() and np.abs(expected).max() > 0
     assert np.array_equal(got.numpy().view(np.uint32), expected.view(np.uint32))
 
 
-@pytest.mark.parametrize("bits,group,has_min", [(8, 32, False), (8, 16, False), (8, 32, True), (4, 32, True),
-                                                (4, 16, True), (4, 32, False), (6, 16, False), (6, 32, True),
-                                                (6, 16, True)])
+@pytest.mark.parametrize("bits,group,has_min,codebook", [
+    (8, 32, False, False), (8, 16, False, False), (8, 32, True, False), (4, 32, True, False), (4, 16, True, False),
+    (4, 32, False, False), (6, 16, False, False), (6, 32, True, False), (6, 16, True, False), (4, 32, False, True),
+    (4, 16, False, True)])
 @pytest.mark.parametrize("params", ["float32", "float16", "factored"])
 @pytest.mark.parametrize("rows", [1, 3, 19])
-def test_grouped_kernel_equals_its_reference_bit_for_bit(bits, group, has_min, params, rows):
+def test_grouped_kernel_equals_its_reference_bit_for_bit(bits, group, has_min, codebook, params, rows):
     torch.manual_seed(rows)
     n, k = 45, 768
     low = -128 if bits == 8 else 0 if has_min else -(1 << (bits - 1))
     values = torch.randint(low, low + (1 << bits), (n, k), dtype=torch.int8)
+    if codebook:  # levels of the IQ4_NL grid
+        values = torch.from_numpy(IQ4_GRID)[torch.randint(0, 16, (n, k))]
     scale, mins = torch.rand(n, k // group) * 0.01, torch.rand(n, k // group) * 0.05 if has_min else None
     d = dmin = None
     if params == "float16":
@@ -79,8 +89,8 @@ def test_grouped_kernel_equals_its_reference_bit_for_bit(bits, group, has_min, p
         def factored(sb):
             return sb.repeat_interleave(256 // group, dim=1) * torch.randint(-128, 128, (n, k // group)).float()
         scale, mins, dmin = factored(d), factored(dmin) if has_min else None, dmin if has_min else None
-    weight = GroupedWeight.from_values(values, scale, mins, group, bits, d, dmin)
-    assert weight.params == params
+    weight = GroupedWeight.from_values(values, scale, mins, group, bits, d, dmin, codebook)
+    assert (weight.params, weight.codebook) == (params, codebook)
     x, bias = torch.randn(rows, k).bfloat16(), torch.randn(n)
     x[0, :32] = 0  # an all-zero activation block
     got, want = torch.empty(rows, n, dtype=torch.bfloat16), torch.empty(rows, n, dtype=torch.bfloat16)
@@ -89,10 +99,21 @@ def test_grouped_kernel_equals_its_reference_bit_for_bit(bits, group, has_min, p
     assert torch.equal(got, want)
 
 
+def test_a_codebook_weight_takes_only_the_grids_levels_and_no_mins():
+    values, scale = torch.from_numpy(IQ4_GRID).repeat(2, 4), torch.ones(2, 2)
+    assert torch.equal(GroupedWeight.from_values(values, scale, None, 32, 4, codebook=True).unpack()[0], values)
+    values[1, 5] = 2  # between the levels 1 and 13
+    with pytest.raises(ValueError, match="value 2 is not one of the codebook's levels"):
+        GroupedWeight.from_values(values, scale, None, 32, 4, codebook=True)
+    with pytest.raises(ValueError, match="4-bit indices and no mins"):
+        GroupedWeight.from_values(torch.from_numpy(IQ4_GRID).repeat(2, 4), scale, scale, 32, 4, codebook=True)
+
+
 # A tiny Llama with every linear typed: q/k/v, o, gate/up and down of three layers walk through the types, so
 # fused layers mix them (groups of 16 and 32, with and without mins, 4- and 8-bit values, float32 and fp16
-# scales) and one is all Q4_0 (4-bit values without mins).
-MIX = [Q.Q4_0, Q.Q4_0, Q.Q4_0, Q.Q8_0, Q.Q4_K, Q.Q6_K, Q.Q5_K, Q.Q5_0, Q.Q4_1, Q.Q5_1, Q.IQ4_XS, Q.Q6_K,
+# scales) and one is all Q4_0 (4-bit values without mins); an IQ4_XS o_proj runs as grid indices, an IQ4_XS gate
+# beside a Q4_K up as int8.
+MIX = [Q.Q4_0, Q.Q4_0, Q.Q4_0, Q.Q8_0, Q.Q4_K, Q.Q6_K, Q.Q5_K, Q.Q5_0, Q.Q4_1, Q.Q5_1, Q.IQ4_XS, Q.IQ4_XS,
        Q.Q4_K, Q.Q8_0, Q.Q4_K, Q.Q4_K, Q.Q5_0, Q.Q6_K, Q.Q8_0, Q.Q8_0, Q.Q4_1]
 _HF = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
        "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
@@ -144,10 +165,10 @@ def test_mixed_types_give_the_logits_of_their_dequantized_weights_with_the_same_
     # the all-Q4_0 layer (q, k, v of layer 0) is 4-bit with fp16 scales; mixes of fp16 and K-quant scales are not
     assert (weights[0].bits, weights[0].has_min, weights[0].params) == (4, False, "float16")
     # each layer at its widest part's bits: Q4_K + Q6_K gate_up (layer 0) is 6-bit, the Q6_K part's signed
-    # values shifted beside the Q4_K mins; 8 only where a part is Q8_0 or IQ4_XS
-    assert [(w.bits, w.has_min) for w in weights] == [
-        (4, False), (8, False), (6, True), (6, True), (6, True), (8, False), (6, True), (8, False),
-        (6, True), (6, False), (8, False), (4, True)]
+    # values shifted beside the Q4_K mins; 8 only where a part is Q8_0, or IQ4_XS beside another type
+    assert [(w.bits, w.has_min, w.codebook) for w in weights] == [
+        (4, False, False), (8, False, False), (6, True, False), (6, True, False), (6, True, False), (4, False, True),
+        (8, True, False), (8, False, False), (6, True, False), (6, False, False), (8, False, False), (4, True, False)]
     assert {w.params for w in weights} == {"float32", "float16", "factored"}
     tokens = list(range(3, 40))
     bf16_logits = _logits(converted, tokens)
@@ -214,7 +235,7 @@ def test_packed_embedding_rejects_a_table_of_another_shape_and_ids_outside_it():
     with pytest.raises(ValueError, match="token id outside the table"):
         embedding_kernel(torch.tensor([16]), packed, out, 1.0)
     with pytest.raises(ValueError, match="packed must be"):
-        _C.packed_embedding(torch.tensor([0]), packed.packed[:-1], 16, 64, 32, 8, False, 1, out, 1.0)
+        _C.packed_embedding(torch.tensor([0]), packed.packed[:-1], 16, 64, 32, 8, False, False, 1, out, 1.0)
 
 
 # (token_embd type, output.weight type or None for a tied head)

@@ -4,7 +4,8 @@
 // per tile and group g of G K-values, in K order:
 //   bits 8: (G/4, 8, 4) int8    byte (s, r, j) = w[r][gG+4s+j]
 //   bits 4: (G/8, 8, 4) uint8   byte (s, r, j) = u[r][gG+8s+j] | u[r][gG+8s+4+j] << 4
-//           u = w (0..15) with mins, u = w + 8 without
+//           u = w (0..15) with mins, u = w + 8 without; a codebook weight's u is the index of w in
+//           kGroupedCodebook
 //   bits 6: the low nibbles of u as for bits 4, then a plane of the top 2 bits of each u,
 //           (G/16, 8, 4) uint8   byte (s, r, j) = sum over i < 4 of (u[r][gG+16s+4i+j] >> 4) << 2i
 //           u = w (0..63) with mins, u = w + 32 without: the 8-K step of a nibble load takes bits 0-3 of
@@ -13,7 +14,8 @@
 // Factored weights open each superblock (256 K: 8 groups of 32 or 16 of 16) with a header of the tile's
 // (8,) fp16 d, then (8,) fp16 dmin with mins; a group's scale is d * factor, its min dmin * factor.
 // 4- and 6-bit values are unsigned, so x86 feeds them to vpdpbusd as they are; int8 values are flipped to
-// w + 128; the activations' group sums remove the 128 (or the 8, or the 32).
+// w + 128, and codebook indices looked up (vpshufb) as level + 128; the activations' group sums remove
+// the 128 (or the 8, or the 32).
 #pragma once
 #include <cstdint>
 #include <cstring>
@@ -23,6 +25,17 @@
 #include "linear/layout.h"
 
 namespace shrike {
+
+// kGroupedCodebook + 128: the unsigned byte x86's vpdpbusd takes for each codebook index.
+struct CodebookBytes {
+  uint8_t level[16];
+};
+constexpr CodebookBytes grouped_codebook_plus_128() {
+  CodebookBytes t{};
+  for (int i = 0; i < 16; ++i) t.level[i] = static_cast<uint8_t>(kGroupedCodebook[i] + 128);
+  return t;
+}
+inline constexpr CodebookBytes kGroupedCodebookUnsigned = grouped_codebook_plus_128();
 
 inline int64_t grouped_value_bytes(int64_t group, int bits) { return group * kTileRows * bits / 8; }
 inline bool grouped_factored(const GroupedWeight& w) { return w.params == GroupedParams::kFactored; }
@@ -58,7 +71,7 @@ inline int64_t grouped_group_offset(const GroupedWeight& w, int64_t g) {
 // the dot over the values: -8 for 4-bit and -32 for 6-bit values without mins (stored w + 8, w + 32),
 // else 0. (The x86 kernels add their own -128 for int8 values, which they flip to unsigned.)
 inline int32_t grouped_stored_offset(const GroupedWeight& w) {
-  return w.has_min || w.bits == 8 ? 0 : w.bits == 4 ? -8 : -32;
+  return w.has_min || w.bits == 8 || w.codebook ? 0 : w.bits == 4 ? -8 : -32;
 }
 // The lowest value a weight of these bits holds (its values span 2^bits from there).
 inline int grouped_lowest_value(const GroupedWeight& w) { return w.bits == 8 ? -128 : grouped_stored_offset(w); }
@@ -67,6 +80,7 @@ inline int grouped_value(const GroupedWeight& w, const uint8_t* group, int r, in
   if (w.bits == 8) return static_cast<int8_t>(group[(j / 4 * kTileRows + r) * 4 + j % 4]);
   const uint8_t byte = group[(j / 8 * kTileRows + r) * 4 + j % 4];
   int u = j % 8 < 4 ? byte & 15 : byte >> 4;
+  if (w.codebook) return kGroupedCodebook[u];
   if (w.bits == 6) {
     const uint8_t top = group[grouped_value_bytes(w.group, 4) + (j / 16 * kTileRows + r) * 4 + j % 4];
     u |= (top >> (2 * (j % 16 / 4)) & 3) << 4;

@@ -3,6 +3,7 @@
 #include "grouped_linear/grouped_linear.h"
 
 #include <algorithm>
+#include <iterator>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -61,6 +62,8 @@ void check_grouped_shape(const GroupedWeight& w) {
   if (w.group != 16 && w.group != 32)
     throw std::invalid_argument("grouped: group size must be 16 or 32, got " + std::to_string(w.group));
   if (w.bits != 4 && w.bits != 6 && w.bits != 8) throw std::invalid_argument("grouped: bits must be 4, 6 or 8");
+  if (w.codebook && (w.bits != 4 || w.has_min))
+    throw std::invalid_argument("grouped: a codebook weight has 4-bit indices and no mins");
   if (w.k <= 0 || w.k % kGroupedActivationBlock != 0)
     throw std::invalid_argument("grouped: K=" + std::to_string(w.k) + " is not a positive multiple of 32");
   const int form = static_cast<int>(w.params);
@@ -166,7 +169,14 @@ void grouped_pack(const int8_t* w, const float* scale, const float* min, const f
   if (shape.has_min != (min != nullptr)) throw std::invalid_argument("grouped: mins given without has_min or missing");
   const int lowest = grouped_lowest_value(shape), highest = lowest + (1 << shape.bits) - 1;
   const int stored_add = -grouped_stored_offset(shape);
-  if (shape.bits != 8)
+  int codebook_index[256];  // value + 128 -> its level's index, -1 for a value that is no level
+  std::fill(std::begin(codebook_index), std::end(codebook_index), -1);
+  for (int i = 0; i < 16; ++i) codebook_index[kGroupedCodebook[i] + 128] = i;
+  if (shape.codebook) {
+    for (int64_t i = 0; i < n * k; ++i)
+      if (codebook_index[w[i] + 128] < 0)
+        throw std::invalid_argument("grouped: value " + std::to_string(w[i]) + " is not one of the codebook's levels");
+  } else if (shape.bits != 8)
     for (int64_t i = 0; i < n * k; ++i)
       if (w[i] < lowest || w[i] > highest)
         throw std::invalid_argument("grouped: " + std::to_string(shape.bits) + "-bit value " + std::to_string(w[i]) +
@@ -191,7 +201,11 @@ void grouped_pack(const int8_t* w, const float* scale, const float* min, const f
       float s[kTileRows] = {}, mn[kTileRows] = {};
       for (int r = 0; r < kTileRows; ++r) {
         const int64_t row = t * kTileRows + r;
-        auto stored = [&](int64_t j) { return row < n ? w[row * k + g * group + j] + stored_add : 0; };
+        auto stored = [&](int64_t j) {
+          if (row >= n) return 0;
+          const int value = w[row * k + g * group + j];
+          return shape.codebook ? codebook_index[value + 128] : value + stored_add;
+        };
         for (int64_t j = 0; j < group; ++j) {
           if (shape.bits == 8) {
             block[(j / 4 * kTileRows + r) * 4 + j % 4] = static_cast<uint8_t>(stored(j));

@@ -3,7 +3,8 @@
 // consecutive K of an output row, each group with a scale and, optionally, a min:
 //   W[n, j] = scale[n, g] * w[n, j] - min[n, g]      (g = j / G)
 // 4-bit values are 0..15 with mins (Q4_1, Q4_K) and -8..7 without (Q4_0); 6-bit values 0..63 with mins
-// (Q5_1, Q5_K: 0..31) and -32..31 without (Q6_K; Q5_0: -16..15). Scales and mins are held
+// (Q5_1, Q5_K: 0..31) and -32..31 without (Q6_K; Q5_0: -16..15); or, for a codebook weight (IQ4_NL,
+// IQ4_XS), 4-bit indices of kGroupedCodebook's 16 int8 levels, without mins. Scales and mins are held
 // (GroupedParams) as float32; as fp16 where every one of the weight is exact in fp16 (the types whose
 // blocks hold fp16 scales: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0); or factored as the K-quants and IQ4_XS store
 // them: an fp16 d (and dmin) per superblock of 256 K of a row times an int8 factor per group,
@@ -28,6 +29,8 @@ namespace shrike {
 
 constexpr int64_t kGroupedActivationBlock = 32;
 constexpr int64_t kGroupedSuperblock = 256;  // K of a factored weight's d and dmin
+// The int8 levels a codebook weight's 4-bit indices select (IQ4_NL and IQ4_XS's non-linear grid).
+constexpr int8_t kGroupedCodebook[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
 enum class GroupedParams : int { kFloat32 = 0, kFloat16 = 1, kFactored = 2 };
 
@@ -37,6 +40,7 @@ struct GroupedWeight {
   int64_t group = 32;  // 16 or 32
   int bits = 8;        // 8: int8 values; 4: 0..15 with mins, -8..7 without; 6: 0..63 with mins, -32..31 without
   bool has_min = false;
+  bool codebook = false;  // bits 4 without mins only: a stored nibble i is the value kGroupedCodebook[i]
   GroupedParams params = GroupedParams::kFloat32;  // how scales and mins are held
 };
 

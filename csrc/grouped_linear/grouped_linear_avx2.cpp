@@ -6,7 +6,8 @@
 //   6-bit values likewise (0..63, w + 32 without mins), widened after every two maddubs (a pair is at
 //   most 2 * 63 * 127 = 16002);
 //   int8 values go in as |w| with the sign moved onto the activation (pair at most 2 * 128 * 127),
-//   widened to int32 after every maddubs.
+//   widened to int32 after every maddubs; codebook indices the same after two lookups (pshufb) of
+//   their level's magnitude and of the level itself, whose sign goes onto the activation.
 // Both give the exact int32 dot of each group, so the float epilogue matches grouped_ref.cpp bit for bit.
 #include <immintrin.h>
 
@@ -24,7 +25,7 @@ namespace shrike::avx2 {
 namespace {
 
 // MR rows x one 8-column tile over all of K.
-template <int BITS, bool MIN, int MR>
+template <int BITS, bool MIN, bool CB, int MR>
 void rows_x_tile(const GroupedProblem& p, int64_t i0, int64_t t) {
   const GroupedWeight& wt = p.w;
   const int64_t groups = wt.k / wt.group, blocks = wt.k / kGroupedActivationBlock;
@@ -32,6 +33,7 @@ void rows_x_tile(const GroupedProblem& p, int64_t i0, int64_t t) {
   const int64_t param_bytes = grouped_param_bytes(wt), header_bytes = grouped_header_bytes(wt);
   const uint8_t* header = w;  // the superblock's d (factored)
   const __m256i low4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+  const __m256i levels = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kGroupedCodebook)));
   const int8_t* q[MR];
   for (int r = 0; r < MR; ++r) q[r] = p.q + (i0 + r) * wt.k;
   __m256 acc[MR];
@@ -40,7 +42,22 @@ void rows_x_tile(const GroupedProblem& p, int64_t i0, int64_t t) {
     if (grouped_opens_superblock(wt, g)) header = w, w += header_bytes;
     const int64_t k0 = g * wt.group;
     __m256i isum[MR];
-    if constexpr (BITS == 4) {
+    if constexpr (CB) {
+      for (int r = 0; r < MR; ++r) isum[r] = _mm256_setzero_si256();
+      for (int64_t kb = k0; kb < k0 + wt.group; kb += 8, w += 32) {
+        if ((kb & 8) == 0) prefetch_stream(w);
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+        const __m256i index[2] = {_mm256_and_si256(v, low4), _mm256_and_si256(_mm256_srli_epi16(v, 4), low4)};
+        for (int h = 0; h < 2; ++h) {
+          const __m256i level = _mm256_shuffle_epi8(levels, index[h]);  // never 0, so sign keeps every q
+          const __m256i magnitude = _mm256_sign_epi8(level, level);
+          for (int r = 0; r < MR; ++r) {
+            const __m256i signed_q = _mm256_sign_epi8(broadcast4(q[r] + kb + 4 * h), level);
+            isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, signed_q), ones));
+          }
+        }
+      }
+    } else if constexpr (BITS == 4) {
       __m256i pair_sums[MR];
       for (int r = 0; r < MR; ++r) pair_sums[r] = _mm256_setzero_si256();
       for (int64_t kb = k0; kb < k0 + wt.group; kb += 8, w += 32) {
@@ -114,16 +131,16 @@ void rows_x_tile(const GroupedProblem& p, int64_t i0, int64_t t) {
     store_row(p.out, p.out_dtype, (i0 + r) * wt.n + t * kTileRows, _mm256_add_ps(acc[r], bias), valid);
 }
 
-template <int BITS, bool MIN>
+template <int BITS, bool MIN, bool CB = false>
 void walk(const GroupedProblem& p, int64_t tile_begin, int64_t tile_end) {
   constexpr int kRows = 4;  // 4 rows keep the int16 sums, one weight vector and its halves in 16 ymm
   for (int64_t t = tile_begin; t < tile_end; ++t) {
     int64_t i = 0;
-    for (; i + kRows <= p.m; i += kRows) rows_x_tile<BITS, MIN, kRows>(p, i, t);
+    for (; i + kRows <= p.m; i += kRows) rows_x_tile<BITS, MIN, CB, kRows>(p, i, t);
     switch (p.m - i) {
-      case 3: rows_x_tile<BITS, MIN, 3>(p, i, t); break;
-      case 2: rows_x_tile<BITS, MIN, 2>(p, i, t); break;
-      case 1: rows_x_tile<BITS, MIN, 1>(p, i, t); break;
+      case 3: rows_x_tile<BITS, MIN, CB, 3>(p, i, t); break;
+      case 2: rows_x_tile<BITS, MIN, CB, 2>(p, i, t); break;
+      case 1: rows_x_tile<BITS, MIN, CB, 1>(p, i, t); break;
       default: break;
     }
   }
@@ -190,6 +207,7 @@ void grouped_tiles(const GroupedProblem& p, int64_t tile_begin, int64_t tile_end
     if (p.w.has_min) return walk<6, true>(p, tile_begin, tile_end);
     return walk<6, false>(p, tile_begin, tile_end);
   }
+  if (p.w.codebook) return walk<4, false, true>(p, tile_begin, tile_end);
   if (p.w.has_min) return walk<4, true>(p, tile_begin, tile_end);
   walk<4, false>(p, tile_begin, tile_end);
 }

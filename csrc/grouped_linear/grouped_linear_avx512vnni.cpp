@@ -1,5 +1,5 @@
 // Grouped linear with 512-bit vpdpbusd. Decode (one or two rows) of int8 and 6-bit values, and of 4-bit
-// values in groups of 32, walks one tile at a time as one sequential stream
+// values (or codebook indices) in groups of 32, walks one tile at a time as one sequential stream
 // (linear/decode_avx512.h); everything else takes grouped_walk_x86.h's register blocks: two
 // adjacent tiles (16 output columns) per zmm.
 #include "grouped_linear/grouped_layout.h"
@@ -11,12 +11,13 @@
 namespace shrike::avx512vnni {
 namespace {
 
-template <int BITS, bool MIN, int MR>
+template <int BITS, bool MIN, bool CB, int MR>
 __attribute__((noinline)) void grouped_decode_tile(const GroupedProblem& p, int64_t t) {
   const GroupedWeight& wt = p.w;
   const int64_t groups = wt.k / wt.group, blocks = wt.k / kGroupedActivationBlock, param_bytes = grouped_param_bytes(wt);
   const uint8_t* w = wt.packed + t * grouped_tile_bytes(wt);
   const uint8_t* header = w;  // the superblock's d (factored)
+  const __m512i levels = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kGroupedCodebookUnsigned.level)));
   __m256 acc[MR];
   _Pragma("GCC unroll 4") for (int r = 0; r < MR; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
@@ -25,11 +26,11 @@ __attribute__((noinline)) void grouped_decode_tile(const GroupedProblem& p, int6
     __m256i isum[MR];
     _Pragma("GCC unroll 4") for (int r = 0; r < MR; ++r) {
       x[r] = p.q + r * wt.k + g * wt.group;
-      isum[r] = _mm256_set1_epi32(start_factor<BITS, MIN>() * p.group_sum[r * groups + g]);
+      isum[r] = _mm256_set1_epi32(start_factor<BITS, MIN, CB>() * p.group_sum[r * groups + g]);
     }
     if constexpr (BITS == 8) byte_group<MR>(w, grouped_value_bytes(wt.group, 8), x, isum);
     else if constexpr (BITS == 6) sextet_group<MR>(w, wt.group, x, isum);
-    else nibble_group<MR>(w, grouped_value_bytes(wt.group, 4), x, isum);
+    else nibble_group<MR, CB>(w, grouped_value_bytes(wt.group, 4), x, isum, levels);
     __m256 scale = load_params(w, header, wt.params);
     __m256 min = MIN ? load_params(w + param_bytes, header + 2 * kTileRows, wt.params) : _mm256_setzero_ps();
     w += MIN ? 2 * param_bytes : param_bytes;
@@ -46,9 +47,9 @@ __attribute__((noinline)) void grouped_decode_tile(const GroupedProblem& p, int6
     store_tile_row(p.out, p.out_dtype, r * wt.n + c.col, _mm256_fmadd_ps(acc[r], _mm256_set1_ps(1.f), c.bias), c.valid);
 }
 
-template <int BITS, bool MIN>
+template <int BITS, bool MIN, bool CB = false>
 void grouped_decode(const GroupedProblem& p, int64_t tile_begin, int64_t tile_end) {
-  for_decode_tiles(p.m, tile_begin, tile_end, [&](auto rows, int64_t t) { grouped_decode_tile<BITS, MIN, rows>(p, t); });
+  for_decode_tiles(p.m, tile_begin, tile_end, [&](auto rows, int64_t t) { grouped_decode_tile<BITS, MIN, CB, rows>(p, t); });
 }
 
 }  // namespace
@@ -63,6 +64,7 @@ void grouped_tiles(const GroupedProblem& p, int64_t tile_begin, int64_t tile_end
     return grouped_decode<6, false>(p, tile_begin, tile_end);
   }
   if (p.m <= 2 && p.w.group == 32) {
+    if (p.w.codebook) return grouped_decode<4, false, true>(p, tile_begin, tile_end);
     if (p.w.has_min) return grouped_decode<4, true>(p, tile_begin, tile_end);
     return grouped_decode<4, false>(p, tile_begin, tile_end);
   }

@@ -1,7 +1,7 @@
 // Grouped linear with NEON sdot (Armv8.2 dotprod; also what i8mm and SVE2 machines run).
 // sdot multiplies signed bytes, so int8 values go in as stored and 4-bit values (0..15, or w + 8
 // without mins, whose 8 the group sums remove) after a mask or a shift, 6-bit ones (0..63, or w + 32)
-// with their top two bits or-ed in from the high-bit plane; a slice's 32 bytes are rows 0-3 then rows 4-7, four K values per 32-bit lane,
+// with their top two bits or-ed in from the high-bit plane, codebook indices after a table lookup (tbl); a slice's 32 bytes are rows 0-3 then rows 4-7, four K values per 32-bit lane,
 // exactly one sdot operand per half tile. Group sums are exact int32, so the float epilogue is
 // grouped_ref.cpp's in the same order.
 #include <arm_neon.h>
@@ -30,13 +30,14 @@ inline float32x4_t load_params(const uint8_t* p, const uint8_t* header, int h, G
   return vld1q_f32(reinterpret_cast<const float*>(p) + 4 * h);
 }
 
-template <int BITS, bool MIN, int MR>
+template <int BITS, bool MIN, bool CB, int MR>
 void rows_x_tile(const GroupedProblem& p, int64_t i0, int64_t t) {
   const GroupedWeight& wt = p.w;
   const int64_t groups = wt.k / wt.group, blocks = wt.k / kGroupedActivationBlock, param_bytes = grouped_param_bytes(wt);
   const uint8_t* w = wt.packed + t * grouped_tile_bytes(wt);
   const uint8_t* header = w;  // the superblock's d (factored)
   const uint8x16_t low4 = vdupq_n_u8(0x0f);
+  const int8x16_t levels = vld1q_s8(kGroupedCodebook);
   float32x4_t acc[MR][2];
   for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = vdupq_n_f32(0.f);
   for (int64_t g = 0; g < groups; ++g) {
@@ -44,7 +45,7 @@ void rows_x_tile(const GroupedProblem& p, int64_t i0, int64_t t) {
     const int64_t k0 = g * wt.group;
     int32x4_t isum[MR][2];
     for (int r = 0; r < MR; ++r)  // 4- and 6-bit values without mins are stored w + 8, w + 32
-      isum[r][0] = isum[r][1] = vdupq_n_s32(MIN || BITS == 8 ? 0 : (BITS == 4 ? -8 : -32) * p.group_sum[(i0 + r) * groups + g]);
+      isum[r][0] = isum[r][1] = vdupq_n_s32(MIN || BITS == 8 || CB ? 0 : (BITS == 4 ? -8 : -32) * p.group_sum[(i0 + r) * groups + g]);
     const uint8_t* top = w + grouped_value_bytes(wt.group, 4);  // 6-bit: the high-bit plane
     for (int64_t kb = k0; kb < k0 + wt.group; kb += 16) {
       // 16 K values: four 8-bit slices, or two 4-bit slices whose low and high nibbles take turns.
@@ -57,6 +58,8 @@ void rows_x_tile(const GroupedProblem& p, int64_t i0, int64_t t) {
             uint8x16_t v = vld1q_u8(w + 16 * h);
             s[2 * i][h] = vreinterpretq_s8_u8(vandq_u8(v, low4));
             s[2 * i + 1][h] = vreinterpretq_s8_u8(vshrq_n_u8(v, 4));
+            if constexpr (CB)
+              for (int n = 0; n < 2; ++n) s[2 * i + n][h] = vqtbl1q_s8(levels, vreinterpretq_u8_s8(s[2 * i + n][h]));
           }
         if constexpr (BITS == 6) {  // steps 0-3 take bits 0-1, 2-3, 4-5, 6-7 of the plane's bytes at bit 4
           const uint8x16_t top_mask = vdupq_n_u8(0x30);
@@ -103,10 +106,10 @@ void rows_x_tile(const GroupedProblem& p, int64_t i0, int64_t t) {
   }
 }
 
-template <int BITS, bool MIN>
+template <int BITS, bool MIN, bool CB = false>
 void walk(const GroupedProblem& p, int64_t tile_begin, int64_t tile_end) {
   for_row_blocks_and_tiles(p.m, tile_begin, tile_end,
-                           [&](auto rows, int64_t i0, int64_t t) { rows_x_tile<BITS, MIN, rows>(p, i0, t); });
+                           [&](auto rows, int64_t i0, int64_t t) { rows_x_tile<BITS, MIN, CB, rows>(p, i0, t); });
 }
 
 }  // namespace
@@ -120,6 +123,7 @@ void grouped_tiles(const GroupedProblem& p, int64_t tile_begin, int64_t tile_end
     if (p.w.has_min) return walk<6, true>(p, tile_begin, tile_end);
     return walk<6, false>(p, tile_begin, tile_end);
   }
+  if (p.w.codebook) return walk<4, false, true>(p, tile_begin, tile_end);
   if (p.w.has_min) return walk<4, true>(p, tile_begin, tile_end);
   walk<4, false>(p, tile_begin, tile_end);
 }

@@ -2,7 +2,8 @@
 // types of linear/tile_walk_x86.h (ZmmLanes: two 8-row tiles per zmm; YmmLanes: one per ymm).
 // Per group each accumulator sums exactly in int32: 4- and 6-bit values are the unsigned operand as
 // stored (w + 8 or w + 32 without mins: the accumulator starts at -8 or -32 times sum(q)); int8 values
-// are flipped to w + 128 and the accumulator starts at -128 * sum(q).
+// are flipped to w + 128, codebook indices (CB) looked up as level + 128, and the accumulator starts at
+// -128 * sum(q).
 // Internal linkage on purpose: each ISA file instantiates this with its own target flags.
 #pragma once
 #include <cstdint>
@@ -23,12 +24,12 @@ typename L::F load_params(const uint8_t* const* w, int64_t offset, int64_t heade
 }
 
 // What the accumulator of a group starts at, times the activations' group sum: the stored values' offset.
-template <int BITS, bool MIN>
+template <int BITS, bool MIN, bool CB = false>
 constexpr int32_t start_factor() {
-  return BITS == 8 ? -128 : MIN ? 0 : BITS == 4 ? -8 : -32;
+  return BITS == 8 || CB ? -128 : MIN ? 0 : BITS == 4 ? -8 : -32;
 }
 
-template <typename L, int BITS, bool MIN, int MR, int NB>
+template <typename L, int BITS, bool MIN, bool CB, int MR, int NB>
 __attribute__((noinline)) void grouped_rows_x_tiles(const GroupedProblem& p, int64_t i0, int64_t t, int64_t tiles) {
   using I = typename L::I;
   using F = typename L::F;
@@ -39,13 +40,14 @@ __attribute__((noinline)) void grouped_rows_x_tiles(const GroupedProblem& p, int
   block_tiles<L, NV>(wt.packed, grouped_tile_bytes(wt), t, tiles, w);
   const int8_t* q[MR];
   _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) q[r] = p.q + (i0 + r) * wt.k;
+  const I levels = L::broadcast16(kGroupedCodebookUnsigned.level);
   alignas(64) float acc[MR][NV][L::kLanes] = {};
   int64_t offset = 0, header = 0;
   for (int64_t g = 0; g < groups; ++g) {
     if (grouped_opens_superblock(wt, g)) header = offset, offset += grouped_header_bytes(wt);
     I isum[MR][NV];
     _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
-      I start = L::splat(start_factor<BITS, MIN>() * p.group_sum[(i0 + r) * groups + g]);
+      I start = L::splat(start_factor<BITS, MIN, CB>() * p.group_sum[(i0 + r) * groups + g]);
       _Pragma("GCC unroll 16") for (int j = 0; j < NV; ++j) isum[r][j] = start;
     }
     const int64_t k0 = g * wt.group;
@@ -76,9 +78,9 @@ __attribute__((noinline)) void grouped_rows_x_tiles(const GroupedProblem& p, int
       for (int64_t kb = k0; kb < k0 + wt.group; kb += 8, offset += 32)
         _Pragma("GCC unroll 16") for (int j = 0; j < NV; ++j) {
           I v = L::load(w[j], offset);
-          I lo = L::low4(v);
+          I lo = CB ? L::lookup16(levels, L::low4(v)) : L::low4(v);
           _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) L::dpbusd(isum[r][j], lo, q[r] + kb);
-          I hi = L::high4(v);
+          I hi = CB ? L::lookup16(levels, L::high4(v)) : L::high4(v);
           _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) L::dpbusd(isum[r][j], hi, q[r] + kb + 4);
         }
     }
@@ -107,10 +109,10 @@ __attribute__((noinline)) void grouped_rows_x_tiles(const GroupedProblem& p, int
   }
 }
 
-template <typename L, int BITS, bool MIN>
+template <typename L, int BITS, bool MIN, bool CB = false>
 void grouped_walk_of(const GroupedProblem& p, int64_t tile_begin, int64_t tile_end) {
   auto kernel = [&](auto rows, auto block, int64_t i0, int64_t t, int64_t tiles) {
-    grouped_rows_x_tiles<L, BITS, MIN, rows, block>(p, i0, t, tiles);
+    grouped_rows_x_tiles<L, BITS, MIN, CB, rows, block>(p, i0, t, tiles);
   };
   if (p.m <= 2) return for_row_blocks_and_tile_blocks<2, L::kDecodeTiles>(p.m, tile_begin, tile_end, kernel);
   for_row_blocks_and_tile_blocks<L::kPrefillRows, L::kPrefillTiles>(p.m, tile_begin, tile_end, kernel);
@@ -126,6 +128,7 @@ void grouped_walk(const GroupedProblem& p, int64_t tile_begin, int64_t tile_end)
     if (p.w.has_min) return grouped_walk_of<L, 6, true>(p, tile_begin, tile_end);
     return grouped_walk_of<L, 6, false>(p, tile_begin, tile_end);
   }
+  if (p.w.codebook) return grouped_walk_of<L, 4, false, true>(p, tile_begin, tile_end);
   if (p.w.has_min) return grouped_walk_of<L, 4, true>(p, tile_begin, tile_end);
   grouped_walk_of<L, 4, false>(p, tile_begin, tile_end);
 }

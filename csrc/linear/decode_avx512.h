@@ -69,9 +69,11 @@ inline void for_decode_tiles(int64_t m, int64_t tile_begin, int64_t tile_end, Ti
 
 // isum[r] += the int32 dot products of one group's 4-bit values (group_bytes = 4 * group, a multiple
 // of 128) with row r's activations x[r] (the group's first K); w advances past the values. Four
-// accumulators per row keep the vpdpbusd chains short.
-template <int MR>
-inline void nibble_group(const uint8_t*& w, int64_t group_bytes, const int8_t* const (&x)[MR], __m256i (&isum)[MR]) {
+// accumulators per row keep the vpdpbusd chains short. With CB the nibbles are indices that select
+// the unsigned bytes of `levels` (16 in every 128-bit lane).
+template <int MR, bool CB = false>
+inline void nibble_group(const uint8_t*& w, int64_t group_bytes, const int8_t* const (&x)[MR], __m256i (&isum)[MR],
+                         __m512i levels = _mm512_setzero_si512()) {
   const __m512i mask = _mm512_set1_epi8(0x0f);
   const __m512i low0 = dword_pairs(0, 2), high0 = dword_pairs(1, 3), low1 = dword_pairs(4, 6), high1 = dword_pairs(5, 7);
   __m512i sums[MR][4];
@@ -83,6 +85,10 @@ inline void nibble_group(const uint8_t*& w, int64_t group_bytes, const int8_t* c
     __m512i v0 = _mm512_loadu_si512(w), v1 = _mm512_loadu_si512(w + 64);
     __m512i lo0 = _mm512_and_si512(v0, mask), hi0 = _mm512_and_si512(_mm512_srli_epi16(v0, 4), mask);
     __m512i lo1 = _mm512_and_si512(v1, mask), hi1 = _mm512_and_si512(_mm512_srli_epi16(v1, 4), mask);
+    if constexpr (CB) {
+      lo0 = _mm512_shuffle_epi8(levels, lo0), hi0 = _mm512_shuffle_epi8(levels, hi0);
+      lo1 = _mm512_shuffle_epi8(levels, lo1), hi1 = _mm512_shuffle_epi8(levels, hi1);
+    }
     _Pragma("GCC unroll 4") for (int r = 0; r < MR; ++r) {
       __m512i q = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[r] + b / 4)));
       sums[r][0] = _mm512_dpbusd_epi32(sums[r][0], lo0, _mm512_permutexvar_epi32(low0, q));

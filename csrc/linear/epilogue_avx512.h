@@ -82,6 +82,9 @@ struct ZmmLanes {
     return _mm512_and_si512(shifted, _mm512_set1_epi8(0x30));
   }
   static I or_(I a, I b) { return _mm512_or_si512(a, b); }
+  // table[idx] per byte for indices 0..15, table: 16 bytes in every 128-bit lane
+  static I lookup16(I table, I idx) { return _mm512_shuffle_epi8(table, idx); }
+  static I broadcast16(const uint8_t* p) { return _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
   static I splat(int32_t v) { return _mm512_set1_epi32(v); }
   static F splat(float v) { return _mm512_set1_ps(v); }
   static F as_float(I v) { return _mm512_castsi512_ps(v); }

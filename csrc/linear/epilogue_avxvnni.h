@@ -47,6 +47,9 @@ struct YmmLanes {
     return _mm256_and_si256(shifted, _mm256_set1_epi8(0x30));
   }
   static I or_(I a, I b) { return _mm256_or_si256(a, b); }
+  // table[idx] per byte for indices 0..15, table: 16 bytes in every 128-bit lane
+  static I lookup16(I table, I idx) { return _mm256_shuffle_epi8(table, idx); }
+  static I broadcast16(const uint8_t* p) { return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
   static I splat(int32_t v) { return _mm256_set1_epi32(v); }
   static F splat(float v) { return _mm256_set1_ps(v); }
   static F as_float(I v) { return _mm256_castsi256_ps(v); }

@@ -359,7 +359,8 @@ float exact_f16(float v) {
   return float_to_f16_exact(truncated, &h) ? truncated : std::ldexp(std::round(std::ldexp(v, 24)), -24);
 }
 
-// grouped_linear (GGUF quant blocks): every variant equals the reference for int8, 6- and 4-bit values, groups of
+// grouped_linear (GGUF quant blocks): every variant equals the reference for int8, 6- and 4-bit values and 4-bit
+// codebook indices (IQ4_NL / IQ4_XS levels), groups of
 // 16 and 32, with and without mins, float32, fp16 and factored scales (K a multiple of 256), x and out in both
 // dtypes, on shapes whose N leaves a partial tile and register block (all-zero activation rows included);
 // packing round-trips.
@@ -367,19 +368,26 @@ void check_grouped(const std::vector<Isa>& isas, bool quick, std::vector<Tally>&
   const std::vector<Shape> shapes = {{13, 64}, {37, 256}, {130, 640}, {2049, 96}, {21, 768}};
   const std::vector<int64_t> ms = quick ? std::vector<int64_t>{1, 3, 17} : std::vector<int64_t>{1, 2, 3, 5, 8, 9, 17, 64};
   std::uniform_real_distribution<float> scale_dist(0.001f, 0.02f), min_dist(-0.1f, 0.1f), bias_dist(-1.f, 1.f);
+  struct Values {
+    int bits;
+    bool codebook;
+  };
   for (Shape s : shapes)
-    for (int bits : {8, 6, 4})
+    for (Values kind : {Values{8, false}, Values{6, false}, Values{4, false}, Values{4, true}})
       for (int64_t group : {16, 32})
         for (bool has_min : {false, true})
           for (GroupedParams form : {GroupedParams::kFloat32, GroupedParams::kFloat16, GroupedParams::kFactored}) {
+            const int bits = kind.bits;
             if (form == GroupedParams::kFactored && s.k % kGroupedSuperblock != 0) continue;
+            if (kind.codebook && has_min) continue;
             const bool f16_params = form == GroupedParams::kFloat16;
             // 4-bit: 0..15 with mins, -8..7 without; 6-bit: 0..63, -32..31
             const int lowest = bits == 8 ? -128 : has_min ? 0 : -(1 << (bits - 1));
             std::uniform_int_distribution<int> value(lowest, lowest + (1 << bits) - 1);
             const int64_t groups = s.n * (s.k / group);
             std::vector<int8_t> w(s.n * s.k);
-            for (auto& v : w) v = static_cast<int8_t>(value(rng));
+            std::uniform_int_distribution<int> index(0, 15);
+            for (auto& v : w) v = kind.codebook ? kGroupedCodebook[index(rng)] : static_cast<int8_t>(value(rng));
             std::vector<float> scale(groups), mins(groups), bias(s.n);
             for (auto& v : scale) v = f16_params ? exact_f16(scale_dist(rng)) : scale_dist(rng);
             for (auto& v : mins) v = f16_params ? exact_f16(min_dist(rng)) : min_dist(rng);
@@ -399,13 +407,13 @@ void check_grouped(const std::vector<Isa>& isas, bool quick, std::vector<Tally>&
             }
             GroupedWeight shape;
             shape.n = s.n, shape.k = s.k, shape.group = group, shape.bits = bits, shape.has_min = has_min;
-            shape.params = form;
+            shape.codebook = kind.codebook, shape.params = form;
             std::vector<uint8_t> packed(grouped_packed_bytes(shape));
             const bool factored = form == GroupedParams::kFactored;
             grouped_pack(w.data(), scale.data(), has_min ? mins.data() : nullptr, factored ? d.data() : nullptr,
                          factored && has_min ? dmin.data() : nullptr, shape, packed.data());
             shape.packed = packed.data();
-            const std::string name = "grouped bits=" + std::to_string(bits) + " G=" + std::to_string(group) +
+            const std::string name = "grouped bits=" + std::to_string(bits) + (kind.codebook ? " codebook" : "") + " G=" + std::to_string(group) +
                                      (has_min ? " min" : "") + (f16_params ? " f16" : factored ? " factored" : "") + " N=" + std::to_string(s.n) +
                                      " K=" + std::to_string(s.k);
             std::vector<int8_t> w_back(w.size());

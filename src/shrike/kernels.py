@@ -301,10 +301,10 @@ class WeightOnlyWeight:
 
 
 def packed_table_args(weight) -> tuple:
-    """(packed, n, k, group, bits, has_min, params code) of a GroupedWeight used as an embedding table
-    (csrc/fused/fused.h packed_embedding)."""
+    """(packed, n, k, group, bits, has_min, codebook, params code) of a GroupedWeight used as an embedding
+    table (csrc/fused/fused.h packed_embedding)."""
     if isinstance(weight, GroupedWeight):
-        return (weight.packed, weight.n, weight.k, weight.group_size, weight.bits, weight.has_min,
+        return (weight.packed, weight.n, weight.k, weight.group_size, weight.bits, weight.has_min, weight.codebook,
                 weight.params_code)
     raise TypeError(f"an embedding table is a tensor or a GroupedWeight, not {type(weight).__name__}")
 
@@ -327,7 +327,8 @@ def _factors_exactly(p: torch.Tensor, d: torch.Tensor) -> bool:
 
 class GroupedWeight:
     """Weights [N, K] kept as a GGUF file's quant blocks (shrike.convert.gguf_blocks): int8 values (or 4-bit
-    ones: 0..15 with mins, -8..7 without; or 6-bit: 0..63, -32..31) with a scale and optionally a min per ``group_size`` (16 or 32)
+    ones: 0..15 with mins, -8..7 without; or 6-bit: 0..63, -32..31; or, ``codebook``, levels of the IQ4_NL grid
+    held as 4-bit indices, without mins) with a scale and optionally a min per ``group_size`` (16 or 32)
     consecutive K of a row, W[c, j] = scale[c, g] * values[c, j] - min[c, g]; run against int8 activations
     quantized per 32 K (csrc/grouped_linear/grouped_linear.h). ``params`` says how scales and mins are held:
     "factored" as an fp16 d (dmin) per 256 K of a row times an int8 factor per group (the K-quants' and
@@ -335,22 +336,24 @@ class GroupedWeight:
     "float32"."""
 
     def __init__(self, packed: torch.Tensor, n: int, k: int, group_size: int, bits: int, has_min: bool,
-                 params: str):
+                 params: str, codebook: bool = False):
         if params not in GROUPED_PARAMS:
             raise ValueError(f"params must be one of {GROUPED_PARAMS}, got {params!r}")
         packed = _check_tensor(packed, "packed")
         self.params_code = GROUPED_PARAMS.index(params)
-        expected = _C.grouped_packed_bytes(n, k, group_size, bits, has_min, self.params_code)
+        expected = _C.grouped_packed_bytes(n, k, group_size, bits, has_min, codebook, self.params_code)
         if packed.dtype != torch.uint8 or packed.shape != (expected,) or not packed.is_contiguous():
             raise ValueError(f"packed must be a contiguous uint8 tensor of shape ({expected},), got "
                              f"{packed.dtype} {tuple(packed.shape)}")
         self.packed, self.n, self.k, self.group_size, self.bits = packed, n, k, group_size, bits
-        self.has_min, self.params = has_min, params
+        self.has_min, self.params, self.codebook = has_min, params, codebook
 
     @classmethod
     def from_values(cls, values: torch.Tensor, scale: torch.Tensor, min: torch.Tensor | None, group_size: int,
-                    bits: int, d: torch.Tensor | None = None, dmin: torch.Tensor | None = None) -> "GroupedWeight":
-        """values (N, K) int8 (bits 4: 0..15 with a min, -8..7 without; 6: 0..63, -32..31), scale and min (N, K / group_size)
+                    bits: int, d: torch.Tensor | None = None, dmin: torch.Tensor | None = None,
+                    codebook: bool = False) -> "GroupedWeight":
+        """values (N, K) int8 (bits 4: 0..15 with a min, -8..7 without; 6: 0..63, -32..31; codebook (bits 4, no
+        min): each one of the IQ4_NL grid's 16 levels), scale and min (N, K / group_size)
         float32 (min may be None). d and dmin (N, K / 256): the superblock scales the K-quants multiply their
         integer group scales (and mins) by; given, exact in fp16 and factoring every scale (and min) exactly,
         the weight holds them factored, the smallest form."""
@@ -369,18 +372,19 @@ class GroupedWeight:
             d = dmin = None
             params = "float16" if all(_exact_in_f16(p) for p in (scale, min) if p is not None) else "float32"
         code = GROUPED_PARAMS.index(params)
-        packed = torch.empty(_C.grouped_packed_bytes(n, k, group_size, bits, min is not None, code), dtype=torch.uint8)
-        _C.grouped_pack(_check_tensor(values, "values").contiguous(), scale, min, group_size, bits, code, packed,
-                        d, dmin)
-        return cls(packed, n, k, group_size, bits, min is not None, params)
+        packed = torch.empty(_C.grouped_packed_bytes(n, k, group_size, bits, min is not None, codebook, code),
+                             dtype=torch.uint8)
+        _C.grouped_pack(_check_tensor(values, "values").contiguous(), scale, min, group_size, bits, codebook, code,
+                        packed, d, dmin)
+        return cls(packed, n, k, group_size, bits, min is not None, params, codebook)
 
     def unpack(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """(values (N, K) int8, scale (N, K/G) float32, min (N, K/G) float32 or None)."""
         values = torch.empty(self.n, self.k, dtype=torch.int8)
         scale = torch.empty(self.n, self.k // self.group_size, dtype=torch.float32)
         min = torch.empty_like(scale) if self.has_min else None
-        _C.grouped_unpack(self.packed, self.n, self.k, self.group_size, self.bits, self.has_min, self.params_code,
-                          values, scale, min)
+        _C.grouped_unpack(self.packed, self.n, self.k, self.group_size, self.bits, self.has_min, self.codebook,
+                          self.params_code, values, scale, min)
         return values, scale, min
 
     def dequantize(self) -> torch.Tensor:
@@ -391,7 +395,7 @@ class GroupedWeight:
 
     def __repr__(self) -> str:
         return (f"GroupedWeight(N={self.n}, K={self.k}, group_size={self.group_size}, bits={self.bits}, "
-                f"has_min={self.has_min}, params={self.params!r})")
+                f"has_min={self.has_min}, codebook={self.codebook}, params={self.params!r})")
 
 
 class DenseTileWeight:

@@ -411,8 +411,8 @@ def weight_only_linear_kernel(x: torch.Tensor, weight, bias: torch.Tensor | None
 
 
 def grouped_linear_kernel(x: torch.Tensor, weight, bias: torch.Tensor | None, out: torch.Tensor) -> None:
-    _C.grouped_linear(x, weight.packed, weight.n, weight.group_size, weight.bits, weight.has_min, weight.params_code,
-                      bias, out)
+    _C.grouped_linear(x, weight.packed, weight.n, weight.group_size, weight.bits, weight.has_min, weight.codebook,
+                      weight.params_code, bias, out)
 
 
 def dense_linear_kernel(x: torch.Tensor, weight, bias: torch.Tensor | None, out: torch.Tensor) -> None:

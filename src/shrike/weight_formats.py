@@ -61,7 +61,7 @@ FORMATS = {
                      _weight_only_bytes),
         WeightFormat("grouped", "grouped_linear", (GroupedWeight,),
                      lambda w, bias: _C.TapeLinear.grouped(w.packed, w.n, w.k, w.group_size, w.bits, w.has_min,
-                                                           w.params_code, bias),
+                                                           w.codebook, w.params_code, bias),
                      _packed_bytes),
     )
 }

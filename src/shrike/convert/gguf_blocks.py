@@ -19,7 +19,11 @@ factors sc, m (ls - 32 for IQ4_XS) per group and d, dmin per superblock, as the 
 | Q4_K   | 32    | q (0..15)     | d * sc       | dmin * m   |
 | Q5_K   | 32    | q (0..31)     | d * sc       | dmin * m   |
 | Q6_K   | 16    | q - 32        | d * sc       | -          |
+| IQ4_NL | 32    | grid[q]       | d            | -          |
 | IQ4_XS | 32    | grid[q]       | d * (ls-32)  | -          |
+
+The i-quants' values are levels of a 16-entry grid (IQ4_GRID); they are packed as their 4-bit indices
+(``codebook``), which the kernels look up.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ class GroupedBlocks:
     type_name: str  # the GGUF type they came from
     d: np.ndarray | None = None  # (n, k // 256) float32 superblock scales (K-quants, IQ4_XS): scale = d * integer
     dmin: np.ndarray | None = None  # (n, k // 256) float32 superblock mins (Q4_K, Q5_K): min = dmin * integer
+    codebook: bool = False  # values are IQ4_GRID levels, packed as their 4-bit indices (bits 4, no min)
 
     def dequantize(self) -> np.ndarray:
         """(n, k) float32 weights, as gguf.quants.dequantize gives them."""
@@ -57,12 +62,13 @@ class GroupedBlocks:
         def pick(a):
             return None if a is None else a[index]
         return GroupedBlocks(self.values[index], self.scale[index], pick(self.min), self.group, self.bits,
-                             self.type_name, pick(self.d), pick(self.dmin))
+                             self.type_name, pick(self.d), pick(self.dmin), self.codebook)
 
     def with_min(self) -> "GroupedBlocks":
         """The same weights as unsigned values with a min (blocks without one): values + 2^(bits-1), the min
         that offset times the scale (and dmin d times it), all exact, so they join a weight of parts with mins
         at their own bits."""
+        assert not self.codebook, "codebook levels are no range of unsigned values"
         offset = 1 << (self.bits - 1)
         return GroupedBlocks((self.values + offset).astype(np.int8), self.scale, self.scale * np.float32(offset),
                              self.group, self.bits, self.type_name, self.d,
@@ -73,7 +79,11 @@ class GroupedBlocks:
         repeat = self.group // group
         return GroupedBlocks(self.values, np.repeat(self.scale, repeat, axis=1),
                              None if self.min is None else np.repeat(self.min, repeat, axis=1), group, self.bits,
-                             self.type_name, self.d, self.dmin)
+                             self.type_name, self.d, self.dmin, self.codebook)
+
+    def as_int8(self) -> "GroupedBlocks":
+        """The same weights with their values held as int8 (every type's values fit)."""
+        return GroupedBlocks(self.values, self.scale, self.min, self.group, 8, self.type_name, self.d, self.dmin)
 
 
 def _f16(column: np.ndarray) -> np.ndarray:
@@ -161,6 +171,10 @@ def _q6_k(b):
     return q.astype(np.int8) - 32, d * sc.view(np.int8).astype(np.float32), None, d, None
 
 
+def _iq4_nl(b):
+    return IQ4_GRID[_nibbles(b[:, 2:])], _f16(b[:, :2])[:, None], None
+
+
 def _iq4_xs(b):
     blocks = b.shape[0]
     d = _f16(b[:, :2])[:, None]
@@ -180,8 +194,10 @@ TYPES = {
     T.Q4_K: (144, 256, 32, 4, _q4_k),
     T.Q5_K: (176, 256, 32, 6, _q5_k),
     T.Q6_K: (210, 256, 16, 6, _q6_k),
-    T.IQ4_XS: (136, 256, 32, 8, _iq4_xs),
+    T.IQ4_NL: (18, 32, 32, 4, _iq4_nl),
+    T.IQ4_XS: (136, 256, 32, 4, _iq4_xs),
 }
+CODEBOOK_TYPES = {T.IQ4_NL, T.IQ4_XS}
 
 
 def grouped_blocks(data: np.ndarray, tensor_type: T, n: int, k: int) -> GroupedBlocks:
@@ -195,4 +211,4 @@ def grouped_blocks(data: np.ndarray, tensor_type: T, n: int, k: int) -> GroupedB
         return None if a is None else np.ascontiguousarray(a, dtype=np.float32).reshape(n, columns)
     values = np.ascontiguousarray(values, dtype=np.int8).reshape(n, k)
     return GroupedBlocks(values, per(scale, k // group), per(mins, k // group), group, bits, tensor_type.name,
-                         per(d, k // 256), per(dmin, k // 256))
+                         per(d, k // 256), per(dmin, k // 256), tensor_type in CODEBOOK_TYPES)

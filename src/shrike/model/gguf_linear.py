@@ -4,8 +4,9 @@ The make_linear of a model loaded from a GGUF file: a linear whose tensors are o
 convert.gguf_blocks.TYPES is built from the file's quant blocks, repacked losslessly, instead of being
 converted to bf16. Every mix becomes a grouped weight (kernels.GroupedWeight), in groups of 16
 when any part has them (a group of 32 is two of 16 with the same scale and min), at the widest part's bits
-(4: Q4_0, Q4_1, Q4_K; 6: Q5_x, Q6_K; 8: Q8_0, IQ4_XS); a signed 4- or 6-bit part beside parts with mins takes
-unsigned values and a min (exact), an int8 part keeps its signs. Layers of other types (F16, BF16, F32, Q2_K, Q3_K, the other
+(4: Q4_0, Q4_1, Q4_K; 6: Q5_x, Q6_K; 8: Q8_0), IQ4_NL and IQ4_XS as their grid's 4-bit indices when every part
+is one of them, else as int8; a signed 4- or 6-bit part beside parts with mins takes unsigned values and a min
+(exact), an int8 part keeps its signs. Layers of other types (F16, BF16, F32, Q2_K, Q3_K, the other
 i-quants) are converted to bf16 as `shrike convert` converts them, read from the file when the model
 asks for them (model.weights.GGUFTensors). The lm_head (output.weight, or the tied
 token_embd.weight) runs from the file's blocks when its type has a kernel; the embedding table is then
@@ -167,6 +168,9 @@ def _weight(blocks: list[GroupedBlocks]) -> tuple[object, str]:
     group = min(b.group for b in blocks)
     blocks = [b.regrouped(group) if b.group != group else b for b in blocks]
     has_min = any(b.min is not None for b in blocks)
+    codebook = all(b.codebook for b in blocks)
+    if not codebook and any(b.codebook for b in blocks):  # grid levels beside other values: all as int8
+        blocks = [b.as_int8() for b in blocks]
     # the widest part's bits hold every part's values; signed 4- and 6-bit parts beside parts with mins are
     # shifted to unsigned values with a min (int8 holds both signs as they are)
     bits = max(b.bits for b in blocks)
@@ -182,4 +186,4 @@ def _weight(blocks: list[GroupedBlocks]) -> tuple[object, str]:
         if has_min:
             dmin = torch.from_numpy(np.concatenate([b.dmin if b.dmin is not None else np.zeros_like(b.d)
                                                     for b in blocks]))
-    return GroupedWeight.from_values(values, scale, mins, group, bits, d, dmin), "grouped"
+    return GroupedWeight.from_values(values, scale, mins, group, bits, d, dmin, codebook), "grouped"
