@@ -5,6 +5,9 @@ least ``--gb`` GB of distinct packed weights so the last-level cache cannot serv
 the best read of an equally large buffer on the same thread pool (benchmarks/read_probe.py).
 M > 1 (``--m``, prefill): GOP/s (2 M N K / time) of W4A8-G128 and W8A8 next to torch fp32 and
 bf16 matmul on the same shapes, torch limited to the same thread count.
+GGUF block layouts (``--grouped``, the grouped kernel a GGUF file runs on): M = 1 GB/s of each layout as
+the file's types pack it (Q4_0, Q4_K, Q5_K, Q6_K, Q8_0, IQ4_XS), the same cycling and probe, with the bits
+each weight takes.
 Dense (the built-in ``dense_linear`` op, bf16 weights in the form the engine loads them: AMX tiles
 on the amx level): GB/s of the lm_head shapes (MiniCPM5-2B 130560x2048, SmolLM2 49152x576) at M = 1,
 4, 8, each timing interleaved with a read-bandwidth probe so the ratio compares like with like on a
@@ -29,8 +32,8 @@ from pathlib import Path
 import torch
 
 from shrike import kernels
-from shrike.ops import weight_for_op
-from shrike.ops import dense_linear_kernel
+from shrike.convert.gguf_blocks import IQ4_GRID
+from shrike.ops import dense_linear_kernel, grouped_linear_kernel, weight_for_op
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from read_probe import ReadProbe  # noqa: E402 - beside this file, which `shrike bench` loads by path
@@ -38,6 +41,10 @@ from read_probe import ReadProbe  # noqa: E402 - beside this file, which `shrike
 SHAPES = {"qkv": (2560, 2048), "o": (2048, 2048), "gate_up": (12288, 2048), "down": (2048, 6144)}
 LM_HEADS = {"minicpm5-2b": (130560, 2048), "smollm2": (49152, 576)}
 DENSE_M = (1, 4, 8)
+# GGUF types -> (bits, group, has_min, codebook, params) of the grouped weight they pack into
+GROUPED = {"q4_0": (4, 32, False, False, "float16"), "q4_k": (4, 32, True, False, "factored"),
+           "q5_k": (6, 32, True, False, "factored"), "q6_k": (6, 16, False, False, "factored"),
+           "q8_0": (8, 32, False, False, "float16"), "iq4_xs": (4, 32, False, True, "factored")}
 
 
 CLOCK = time.perf_counter  # --cpu-time switches to time.process_time
@@ -66,6 +73,44 @@ def decode_gbs(weight, nbytes_target: int, reps: int) -> tuple[float, float]:
     def cycle():
         for w in clones:
             kernels.linear(x, w)
+
+    seconds = median_seconds(cycle, reps) / copies
+    return weight.packed.numel() / seconds / 1e9, seconds * 1e6
+
+
+def make_grouped(n: int, k: int, layout: str) -> kernels.GroupedWeight:
+    """Random weights in one of GROUPED's layouts, scales and mins in the form the file's type holds them."""
+    bits, group, has_min, codebook, params = GROUPED[layout]
+    gen = torch.Generator().manual_seed(n + k + bits)
+    low = -128 if bits == 8 else 0 if has_min else -(1 << (bits - 1))
+    values = torch.randint(low, low + (1 << bits), (n, k), dtype=torch.int8, generator=gen)
+    if codebook:
+        values = torch.from_numpy(IQ4_GRID)[torch.randint(0, 16, (n, k), generator=gen)]
+    d = dmin = None
+    if params == "factored":  # fp16 d (dmin) per 256 K times a 6-bit factor per group, as the K-quants
+        d = (torch.rand(n, k // 256, generator=gen) * 1e-3).half().float()
+        dmin = (torch.rand(n, k // 256, generator=gen) * 1e-3).half().float() if has_min else None
+        def factor(sb):
+            return sb.repeat_interleave(256 // group, dim=1) * torch.randint(0, 64, (n, k // group), generator=gen).float()
+        scale, mins = factor(d), factor(dmin) if has_min else None
+    else:
+        scale = (torch.rand(n, k // group, generator=gen) * 0.01).half().float()
+        mins = (torch.rand(n, k // group, generator=gen) * 0.01).half().float() if has_min else None
+    weight = kernels.GroupedWeight.from_values(values, scale, mins, group, bits, d, dmin, codebook)
+    assert weight.params == params
+    return weight
+
+
+def grouped_decode_gbs(weight: kernels.GroupedWeight, nbytes_target: int, reps: int) -> tuple[float, float]:
+    """decode_gbs for a grouped weight: (GB/s, microseconds per call)."""
+    copies = max(2, math.ceil(nbytes_target / weight.packed.numel()))
+    clones = [kernels.GroupedWeight(weight.packed.clone(), weight.n, weight.k, weight.group_size, weight.bits,
+                                    weight.has_min, weight.params, weight.codebook) for _ in range(copies)]
+    x, out = torch.randn(1, weight.k), torch.empty(1, weight.n)
+
+    def cycle():
+        for w in clones:
+            grouped_linear_kernel(x, w, None, out)
 
     seconds = median_seconds(cycle, reps) / copies
     return weight.packed.numel() / seconds / 1e9, seconds * 1e6
@@ -150,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"subset of {','.join(SHAPES)} ('' for none)")
     parser.add_argument("--lm-heads", default=",".join(LM_HEADS),
                         help=f"dense_linear shapes, subset of {','.join(LM_HEADS)} ('' for none)")
+    parser.add_argument("--grouped", default=",".join(GROUPED),
+                        help=f"GGUF block layouts at M=1, subset of {','.join(GROUPED)} ('' for none)")
     parser.add_argument("--isas", default="", help="kernel variants to compare, comma separated, or 'all' "
                         "(default: the active one)")
     parser.add_argument("--cpu-time", action="store_true",
@@ -209,6 +256,24 @@ def main(argv: list[str] | None = None) -> int:
             t = results["torch"].get(key)
             torch_cells = f" {t['torch_fp32']:10.1f} {t['torch_bf16']:11.1f}" if t else ""
             print(f"{name:>8} {m:5d} | {w4_cells} | {w8_cells} |{torch_cells}")
+
+    if args.grouped:
+        print("\ngrouped_linear (GGUF block layouts), M=1, weights cycled past the LLC")
+        print(f"{'shape':>8} {'N x K':>12} {'layout':>7} {'bits/w':>6} {'variant':>11} {'GB/s':>7} {'% read':>7} "
+              f"{'us':>7}")
+        results["grouped"] = {isa: {} for isa in isas}
+        for name, (n, k) in shapes.items():
+            for layout in args.grouped.split(","):
+                weight = make_grouped(n, k, layout)
+                bits_per_weight = 8 * weight.packed.numel() / (n * k)
+                for isa in isas:
+                    kernels.set_isa(isa)
+                    gbs, us = grouped_decode_gbs(weight, target, args.reps)
+                    results["grouped"][isa][f"{name}/{layout}"] = {"n": n, "k": k, "bits_per_weight": bits_per_weight,
+                                                                  "gbs": gbs, "us": us}
+                    print(f"{name:>8} {f'{n}x{k}':>12} {layout:>7} {bits_per_weight:6.2f} {isa:>11} {gbs:7.1f} "
+                          f"{100 * gbs / stream:6.0f}% {us:7.0f}", flush=True)
+                del weight
 
     kernels.set_isa(isas[-1])
     print("\ndense_linear, bf16 weights, fp32 out (lm_head shapes; read = probe interleaved with each rep)")

@@ -17,11 +17,17 @@ __attribute__((noinline)) void grouped_decode_tile(const GroupedProblem& p, int6
   const int64_t groups = wt.k / wt.group, blocks = wt.k / kGroupedActivationBlock, param_bytes = grouped_param_bytes(wt);
   const uint8_t* w = wt.packed + t * grouped_tile_bytes(wt);
   const uint8_t* header = w;  // the superblock's d (factored)
+  const bool factored = grouped_factored(wt);
+  __m256 d = _mm256_setzero_ps(), dmin = _mm256_setzero_ps();  // a factored superblock's, widened once
   const __m512i levels = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kGroupedCodebookUnsigned.level)));
   __m256 acc[MR];
   _Pragma("GCC unroll 4") for (int r = 0; r < MR; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
-    if (grouped_opens_superblock(wt, g)) header = w, w += grouped_header_bytes(wt);
+    if (grouped_opens_superblock(wt, g)) {
+      header = w, w += grouped_header_bytes(wt);
+      d = load_header(header);
+      if constexpr (MIN) dmin = load_header(header + 2 * kTileRows);
+    }
     const int8_t* x[MR];
     __m256i isum[MR];
     _Pragma("GCC unroll 4") for (int r = 0; r < MR; ++r) {
@@ -31,8 +37,9 @@ __attribute__((noinline)) void grouped_decode_tile(const GroupedProblem& p, int6
     if constexpr (BITS == 8) byte_group<MR>(w, grouped_value_bytes(wt.group, 8), x, isum);
     else if constexpr (BITS == 6) sextet_group<MR>(w, wt.group, x, isum);
     else nibble_group<MR, CB>(w, grouped_value_bytes(wt.group, 4), x, isum, levels);
-    __m256 scale = load_params(w, header, wt.params);
-    __m256 min = MIN ? load_params(w + param_bytes, header + 2 * kTileRows, wt.params) : _mm256_setzero_ps();
+    __m256 scale = factored ? factored_params(w, d) : load_params(w, header, wt.params);
+    __m256 min = !MIN ? _mm256_setzero_ps()
+                 : factored ? factored_params(w + param_bytes, dmin) : load_params(w + param_bytes, header, wt.params);
     w += MIN ? 2 * param_bytes : param_bytes;
     const int64_t b = g * wt.group / kGroupedActivationBlock;
     _Pragma("GCC unroll 4") for (int r = 0; r < MR; ++r) {
