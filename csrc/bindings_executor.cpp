@@ -235,12 +235,20 @@ void bind_executor(nb::module_& m) {
         Linear l;
         l.kind = LinearKind::grouped;
         l.n = n, l.k = k, l.group = group;
-        l.grouped = grouped_weight(packed, n, k, group, bits, has_min, codebook, params);
-        l.weight = l.grouped.packed;
+        l.grouped = {grouped_weight(packed, n, k, group, bits, has_min, codebook, params)};
+        l.weight = l.grouped[0].packed;
         if (bias) l.bias = data_of<const float>(*bias, "bias", n);
         return l;
       }, nb::arg("packed"), nb::arg("n"), nb::arg("k"), nb::arg("group"), nb::arg("bits"), nb::arg("has_min"),
          nb::arg("codebook"), nb::arg("params"), nb::arg("bias").none())
+      .def("append_grouped", [](Linear& l, const StridedArray& packed, int64_t n, int64_t group, int bits, bool has_min,
+                                bool codebook, int params) {
+        require(l.kind == LinearKind::grouped && l.bias == nullptr, kOp,
+                "only a grouped linear without a bias takes further parts");
+        l.grouped.push_back(grouped_weight(packed, n, l.k, group, bits, has_min, codebook, params));
+        l.n += n;
+      }, nb::arg("packed"), nb::arg("n"), nb::arg("group"), nb::arg("bits"), nb::arg("has_min"), nb::arg("codebook"),
+         nb::arg("params"), "Adds a part along N: its columns follow the existing ones in the output.")
       .def_prop_ro("quantized_input", [](const Linear& l) { return format_of(l.kind).quantized_input; })
       .def_prop_ro("format", [](const Linear& l) { return std::string(format_of(l.kind).name); })
       .def_ro("n", &Linear::n)

@@ -18,7 +18,7 @@ from shrike.convert.gguf import read_gguf_model
 from shrike.convert.gguf_blocks import IQ4_GRID, TYPES, grouped_blocks
 from shrike.executor.step import EagerStep
 from shrike.layers.linear import DenseLinear
-from shrike.kernels import GroupedWeight
+from shrike.kernels import GroupedParts, GroupedWeight
 from shrike.model.gguf_linear import GGUFLinearFactory
 from shrike.model.loader import held_bytes, load_model
 from shrike.model.weights import CheckpointTensors, GGUFTensors
@@ -110,9 +110,8 @@ def test_a_codebook_weight_takes_only_the_grids_levels_and_no_mins():
 
 
 # A tiny Llama with every linear typed: q/k/v, o, gate/up and down of three layers walk through the types, so
-# fused layers mix them (groups of 16 and 32, with and without mins, 4- and 8-bit values, float32 and fp16
-# scales) and one is all Q4_0 (4-bit values without mins); an IQ4_XS o_proj runs as grid indices, an IQ4_XS gate
-# beside a Q4_K up as int8.
+# fused layers mix them (groups of 16 and 32, with and without mins, 4-, 6- and 8-bit values and grid indices,
+# fp16 and factored scales), each run of alike parts one weight of a layer of parts, and one is all Q4_0.
 MIX = [Q.Q4_0, Q.Q4_0, Q.Q4_0, Q.Q8_0, Q.Q4_K, Q.Q6_K, Q.Q5_K, Q.Q5_0, Q.Q4_1, Q.Q5_1, Q.IQ4_XS, Q.IQ4_XS,
        Q.Q4_K, Q.Q8_0, Q.Q4_K, Q.Q4_K, Q.Q5_0, Q.Q6_K, Q.Q8_0, Q.Q8_0, Q.Q4_1]
 _HF = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
@@ -148,6 +147,11 @@ class _DequantizedWithActivationsQuantizedLike:
         return self.dense(step, x, rows)
 
 
+def _parts(weight) -> list[GroupedWeight]:
+    assert isinstance(weight, (GroupedWeight, GroupedParts))
+    return weight.parts if isinstance(weight, GroupedParts) else [weight]
+
+
 def _logits(engine, tokens: list[int]) -> torch.Tensor:
     runner = engine.runner
     step = EagerStep.prefill(runner.model.ops, torch.tensor(tokens), engine.config.block_size, torch.arange(len(tokens)))
@@ -161,15 +165,25 @@ def test_mixed_types_give_the_logits_of_their_dequantized_weights_with_the_same_
     assert "21 linear tensors run natively" in capfd.readouterr().err
     names = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
     weights = [getattr(layer, name).weight for layer in native.runner.model.layers for name in names]
-    assert all(isinstance(w, GroupedWeight) for w in weights)
-    # the all-Q4_0 layer (q, k, v of layer 0) is 4-bit with fp16 scales; mixes of fp16 and K-quant scales are not
-    assert (weights[0].bits, weights[0].has_min, weights[0].params) == (4, False, "float16")
-    # each layer at its widest part's bits: Q4_K + Q6_K gate_up (layer 0) is 6-bit, the Q6_K part's signed
-    # values shifted beside the Q4_K mins; 8 only where a part is Q8_0, or IQ4_XS beside another type
-    assert [(w.bits, w.has_min, w.codebook) for w in weights] == [
-        (4, False, False), (8, False, False), (6, True, False), (6, True, False), (6, True, False), (4, False, True),
-        (8, True, False), (8, False, False), (6, True, False), (6, False, False), (8, False, False), (4, True, False)]
-    assert {w.params for w in weights} == {"float32", "float16", "factored"}
+    # each layer's parts in runs that pack alike, every part at its own type's bits and scale form: layer 0's
+    # q/k/v all Q4_0 is one weight, its Q4_K gate beside a Q6_K up two parts, and so on down MIX
+    F16, FACTORED = "float16", "factored"
+    assert [[(p.bits, p.has_min, p.codebook, p.params) for p in _parts(w)] for w in weights] == [
+        [(4, False, False, F16)], [(8, False, False, F16)], [(4, True, False, FACTORED), (6, False, False, FACTORED)],
+        [(6, True, False, FACTORED)],
+        [(6, False, False, F16), (4, True, False, F16), (6, True, False, F16)], [(4, False, True, FACTORED)],
+        [(4, False, True, FACTORED), (4, True, False, FACTORED)], [(8, False, False, F16)],
+        [(4, True, False, FACTORED), (6, False, False, F16)], [(6, False, False, FACTORED)], [(8, False, False, F16)],
+        [(4, True, False, F16)]]
+    # so no layer holds more than 6.6 bits for the file's 5.5 (Q5_K), 4.625 for 4.5 (Q4_K)
+    reader = gguf.GGUFReader(mixed_gguf)
+    file_bytes = {t.name: int(t.n_bytes) for t in reader.tensors}
+    for layer in range(3):
+        for name, parts in (("qkv_proj", ("attn_q", "attn_k", "attn_v")), ("o_proj", ("attn_output",)),
+                            ("gate_up_proj", ("ffn_gate", "ffn_up")), ("down_proj", ("ffn_down",))):
+            weight = getattr(native.runner.model.layers[layer], name).weight
+            held = sum(p.packed.numel() for p in _parts(weight))
+            assert held <= 1.21 * sum(file_bytes[f"blk.{layer}.{part}.weight"] for part in parts), (layer, name)
     tokens = list(range(3, 40))
     bf16_logits = _logits(converted, tokens)
     ops = converted.runner.model.ops
@@ -181,6 +195,21 @@ def test_mixed_types_give_the_logits_of_their_dequantized_weights_with_the_same_
     assert (got - want).abs().max().item() < 5e-6 * want.abs().max().item()
     # while the bf16 conversion with 16-bit activations is further off
     assert (bf16_logits - want).abs().max().item() > 1e-3 * want.abs().max().item()
+
+
+def test_the_compiled_forward_runs_a_layer_of_parts_as_the_eager_forward_does(mixed_gguf):
+    # the executor writes each part's columns into one output (out_stride), the eager ops part by part
+    params = SamplingParams(temperature=0, max_tokens=6, logprobs=3, ignore_eos=True)
+    runs = {}
+    for compiled in (True, False):
+        llm = LLM(str(mixed_gguf), dtype="float32", progress=False, max_model_len=64, compiled_forward=compiled)
+        assert (llm.llm_engine.runner.compiled is not None) == compiled
+        runs[compiled] = [o.outputs[0] for o in llm.generate([[1, 260, 261, 262, 5, 9], [1, 40]], params)]
+    for a, b in zip(runs[True], runs[False]):
+        assert a.token_ids == b.token_ids
+        for x, y in zip(a.logprobs, b.logprobs):
+            assert x.keys() == y.keys()
+            assert all(abs(x[t].logprob - y[t].logprob) < 1e-4 for t in x)
 
 
 @pytest.fixture(scope="module")

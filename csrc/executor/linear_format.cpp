@@ -52,7 +52,12 @@ void weight_only_run(const Linear& l, const void* x, DType xt, int64_t rows, voi
 }
 
 void grouped_run(const Linear& l, const void* x, DType xt, int64_t rows, void* out, DType ot) {
-  grouped_linear(x, xt, rows, l.grouped, l.bias, out, ot);
+  int64_t col = 0;
+  for (const GroupedWeight& part : l.grouped) {
+    grouped_linear(x, xt, rows, part, l.bias ? l.bias + col : nullptr,
+                   static_cast<uint8_t*>(out) + col * (ot == DType::f32 ? 4 : 2), ot, l.n);
+    col += part.n;
+  }
 }
 
 // Indexed by LinearKind.

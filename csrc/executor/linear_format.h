@@ -24,7 +24,9 @@ struct Linear {
   const float* bias = nullptr;  // (n,) or null
   int64_t n = 0, k = 0, group = 0;  // group: w4a8 only
   WeightOnlyWeight weight_only;  // weight_only only (W4A16 / W8A16)
-  GroupedWeight grouped;  // grouped only (GGUF quant blocks)
+  // grouped only (GGUF quant blocks): the parts along N of a fused layer (q/k/v, gate/up) whose types pack
+  // differently, each writing its own columns; usually one
+  std::vector<GroupedWeight> grouped;
 };
 
 // Activations quantized by a producer op for the quantized linear right after it (the executor's

@@ -91,8 +91,10 @@ void grouped_quantize(const void* x, DType x_dtype, int64_t m, int64_t k, int64_
 }
 
 void grouped_linear(const void* x, DType x_dtype, int64_t m, const GroupedWeight& w, const float* bias, void* out,
-                    DType out_dtype) {
+                    DType out_dtype, int64_t out_stride) {
   check_grouped_shape(w);
+  if (out_stride == 0) out_stride = w.n;
+  if (out_stride < w.n) throw std::invalid_argument("grouped: output rows must be at least N apart");
   if (m == 0 || w.n == 0) return;
   static thread_local Workspace ws;
   const int64_t k = w.k, groups = k / w.group;
@@ -103,7 +105,8 @@ void grouped_linear(const void* x, DType x_dtype, int64_t m, const GroupedWeight
   const GroupedKernels& kernels = pick_variant(kGrouped, GroupedCall{m}).fn;
   quantize_with(kernels.quantize, x, x_dtype, m, k, w.group,
                 {ws.q.data(), ws.x_scale.data(), ws.group_sum.data(), ws.x_min.data()});
-  GroupedProblem p{ws.q.data(), ws.x_scale.data(), ws.group_sum.data(), ws.x_min.data(), w, bias, out, out_dtype, m};
+  GroupedProblem p{ws.q.data(), ws.x_scale.data(), ws.group_sum.data(), ws.x_min.data(), w, bias, out, out_dtype, m,
+                   out_stride};
   const GroupedTiles kernel = kernels.tiles;
   const int64_t tiles = tile_count(w.n);
   if (m * w.n * k < kSerialWork) return kernel(p, 0, tiles);

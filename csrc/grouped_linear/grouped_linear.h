@@ -44,9 +44,10 @@ struct GroupedWeight {
   GroupedParams params = GroupedParams::kFloat32;  // how scales and mins are held
 };
 
-// x: (m, k) float32/bfloat16; bias (n,) float32 or null; out (m, n). Requires k % 32 == 0.
+// x: (m, k) float32/bfloat16; bias (n,) float32 or null; out (m, n) with rows out_stride apart (0: n), so
+// the parts of a fused layer can each write their own columns of one output. Requires k % 32 == 0.
 void grouped_linear(const void* x, DType x_dtype, int64_t m, const GroupedWeight& w, const float* bias, void* out,
-                    DType out_dtype);
+                    DType out_dtype, int64_t out_stride = 0);
 
 // Activations quantized by the rule above.
 struct GroupedRows {
@@ -67,6 +68,7 @@ struct GroupedProblem {
   void* out;
   DType out_dtype;
   int64_t m;
+  int64_t out_stride;  // elements from one output row to the next
 };
 
 // isa_name of the variant that runs an m-row call at the active level.

@@ -128,7 +128,7 @@ void rows_x_tile(const GroupedProblem& p, int64_t i0, int64_t t) {
   const int valid = static_cast<int>(std::min<int64_t>(kTileRows, wt.n - t * kTileRows));
   const __m256 bias = load_bias(p.bias, t * kTileRows, valid);
   for (int r = 0; r < MR; ++r)
-    store_row(p.out, p.out_dtype, (i0 + r) * wt.n + t * kTileRows, _mm256_add_ps(acc[r], bias), valid);
+    store_row(p.out, p.out_dtype, (i0 + r) * p.out_stride + t * kTileRows, _mm256_add_ps(acc[r], bias), valid);
 }
 
 template <int BITS, bool MIN, bool CB = false>

@@ -51,7 +51,7 @@ __attribute__((noinline)) void grouped_decode_tile(const GroupedProblem& p, int6
   }
   const TileColumns c = tile_columns(wt.n, p.bias, t);
   _Pragma("GCC unroll 4") for (int r = 0; r < MR; ++r)  // acc + bias, rounded once
-    store_tile_row(p.out, p.out_dtype, r * wt.n + c.col, _mm256_fmadd_ps(acc[r], _mm256_set1_ps(1.f), c.bias), c.valid);
+    store_tile_row(p.out, p.out_dtype, r * p.out_stride + c.col, _mm256_fmadd_ps(acc[r], _mm256_set1_ps(1.f), c.bias), c.valid);
 }
 
 template <int BITS, bool MIN, bool CB = false>

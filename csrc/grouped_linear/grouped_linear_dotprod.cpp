@@ -102,7 +102,7 @@ void rows_x_tile(const GroupedProblem& p, int64_t i0, int64_t t) {
     const int hv = neon::half_valid(valid, h);
     const float32x4_t bias = neon::load_bias(p.bias, t * kTileRows + 4 * h, hv);
     for (int r = 0; r < MR; ++r)
-      neon::store4(p.out, p.out_dtype, (i0 + r) * wt.n + t * kTileRows + 4 * h, vaddq_f32(acc[r][h], bias), hv);
+      neon::store4(p.out, p.out_dtype, (i0 + r) * p.out_stride + t * kTileRows + 4 * h, vaddq_f32(acc[r][h], bias), hv);
   }
 }
 

@@ -79,7 +79,7 @@ void grouped_tiles(const GroupedProblem& p, int64_t tile_begin, int64_t tile_end
     for (int64_t i = 0; i < p.m; ++i)
       for (int64_t r = 0; r < kTileRows && t * kTileRows + r < wt.n; ++r) {
         int64_t col = t * kTileRows + r;
-        store(p.out, p.out_dtype, i * wt.n + col, acc[i * kTileRows + r] + (p.bias ? p.bias[col] : 0.f));
+        store(p.out, p.out_dtype, i * p.out_stride + col, acc[i * kTileRows + r] + (p.bias ? p.bias[col] : 0.f));
       }
   }
 }

@@ -104,7 +104,7 @@ __attribute__((noinline)) void grouped_rows_x_tiles(const GroupedProblem& p, int
     F bias = L::load_bias(p.bias, col, valid);
     _Pragma("GCC unroll 16") for (int r = 0; r < MR; ++r) {
       F y = L::fmadd(L::load_acc(acc[r][j]), L::splat(1.f), bias);  // acc + bias, rounded once
-      L::store_row(p.out, p.out_dtype, (i0 + r) * wt.n + col, y, valid);
+      L::store_row(p.out, p.out_dtype, (i0 + r) * p.out_stride + col, y, valid);
     }
   }
 }

@@ -398,6 +398,28 @@ class GroupedWeight:
                 f"has_min={self.has_min}, codebook={self.codebook}, params={self.params!r})")
 
 
+class GroupedParts:
+    """The parts of one fused linear (q/k/v, gate/up) whose GGUF types pack differently, each a GroupedWeight
+    over its own output columns, in order: one layer of the ``grouped`` format whose parts each keep their own
+    file's bits (fusing them into one weight would hold every part at the widest part's). No bias."""
+
+    def __init__(self, parts: list[GroupedWeight]):
+        if len(parts) < 2 or len({p.k for p in parts}) != 1:
+            raise ValueError("GroupedParts takes two or more GroupedWeights of one K")
+        self.parts, self.n, self.k = parts, sum(p.n for p in parts), parts[0].k
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.packed.numel() for p in self.parts)
+
+    def dequantize(self) -> torch.Tensor:
+        """(N, K) float32 weights, the parts' rows in order."""
+        return torch.cat([p.dequantize() for p in self.parts])
+
+    def __repr__(self) -> str:
+        return f"GroupedParts({', '.join(map(repr, self.parts))})"
+
+
 class DenseTileWeight:
     """bf16 weight [N, K] packed once for the AMX-BF16 dense kernel: per 16 outputs a panel of
     (Kp/2, 16, 2) bf16, tdpbf16ps's weight operand, Kp = K rounded up to 32, zeros past N and K

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from shrike import _C
-from shrike.kernels import DenseTileWeight, packed_table_args
+from shrike.kernels import DenseTileWeight, GroupedParts, packed_table_args
 from shrike import kv_int8
 from shrike.registry import Registry
 
@@ -301,10 +301,26 @@ def quantize_blocks_of_32(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q.reshape(m, k), amax / 127
 
 
+def _over_grouped_parts(op, x: torch.Tensor, weight, bias: torch.Tensor | None, out: torch.Tensor) -> bool:
+    """Runs op on each part of a kernels.GroupedParts into its columns of out; False for a single weight."""
+    if not isinstance(weight, GroupedParts):
+        return False
+    col = 0
+    for part in weight.parts:
+        columns = torch.empty(out.shape[0], part.n, dtype=out.dtype)
+        op(x, part, None if bias is None else bias[col:col + part.n], columns)
+        out[:, col:col + part.n] = columns
+        col += part.n
+    return True
+
+
 def grouped_linear_reference(x: torch.Tensor, weight, bias: torch.Tensor | None, out: torch.Tensor) -> None:
     """The grouped kernel's math (csrc/grouped_linear/grouped_linear.h) on a ``kernels.GroupedWeight``: x
     quantized to int8 per 32 K, exact integer sums per weight group, then the float steps in K order (each
-    fma done in float64 and rounded, which could differ from a true fma by double rounding)."""
+    fma done in float64 and rounded, which could differ from a true fma by double rounding); a GroupedParts
+    part by part."""
+    if _over_grouped_parts(grouped_linear_reference, x, weight, bias, out):
+        return
     parts = getattr(weight, "_reference", None)
     if parts is None:
         parts = weight._reference = weight.unpack()
@@ -411,6 +427,8 @@ def weight_only_linear_kernel(x: torch.Tensor, weight, bias: torch.Tensor | None
 
 
 def grouped_linear_kernel(x: torch.Tensor, weight, bias: torch.Tensor | None, out: torch.Tensor) -> None:
+    if _over_grouped_parts(grouped_linear_kernel, x, weight, bias, out):
+        return
     _C.grouped_linear(x, weight.packed, weight.n, weight.group_size, weight.bits, weight.has_min, weight.codebook,
                       weight.params_code, bias, out)
 

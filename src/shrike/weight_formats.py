@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from shrike import _C
-from shrike.kernels import DenseTileWeight, GroupedWeight, W4A8Weight, W8A8Weight, WeightOnlyWeight
+from shrike.kernels import DenseTileWeight, GroupedParts, GroupedWeight, W4A8Weight, W8A8Weight, WeightOnlyWeight
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,21 @@ def _packed_bytes(weight) -> float:
     return weight.packed.numel() / (weight.n * weight.k)
 
 
+def _grouped_tape_linear(w, bias):
+    parts = w.parts if isinstance(w, GroupedParts) else [w]
+    first = parts[0]
+    linear = _C.TapeLinear.grouped(first.packed, first.n, first.k, first.group_size, first.bits, first.has_min,
+                                   first.codebook, first.params_code, bias)
+    for part in parts[1:]:
+        linear.append_grouped(part.packed, part.n, part.group_size, part.bits, part.has_min, part.codebook,
+                              part.params_code)
+    return linear
+
+
+def _grouped_bytes(w) -> float:
+    return (w.nbytes if isinstance(w, GroupedParts) else w.packed.numel()) / (w.n * w.k)
+
+
 def _weight_only_tape_linear(w, bias):
     return _C.TapeLinear.weight_only(w.q, w.scale, w.offset, w.perm, w.bits, w.n, w.k, w.group_size, bias)
 
@@ -59,10 +74,8 @@ FORMATS = {
                      lambda w, bias: _C.TapeLinear("w8a8", w.packed, bias, w.n, w.k, 0), _packed_bytes),
         WeightFormat("weight_only", "weight_only_linear", (WeightOnlyWeight,), _weight_only_tape_linear,
                      _weight_only_bytes),
-        WeightFormat("grouped", "grouped_linear", (GroupedWeight,),
-                     lambda w, bias: _C.TapeLinear.grouped(w.packed, w.n, w.k, w.group_size, w.bits, w.has_min,
-                                                           w.codebook, w.params_code, bias),
-                     _packed_bytes),
+        WeightFormat("grouped", "grouped_linear", (GroupedWeight, GroupedParts), _grouped_tape_linear,
+                     _grouped_bytes),
     )
 }
 LINEAR_OPS = {f.op: f for f in FORMATS.values()}

@@ -64,27 +64,6 @@ class GroupedBlocks:
         return GroupedBlocks(self.values[index], self.scale[index], pick(self.min), self.group, self.bits,
                              self.type_name, pick(self.d), pick(self.dmin), self.codebook)
 
-    def with_min(self) -> "GroupedBlocks":
-        """The same weights as unsigned values with a min (blocks without one): values + 2^(bits-1), the min
-        that offset times the scale (and dmin d times it), all exact, so they join a weight of parts with mins
-        at their own bits."""
-        assert not self.codebook, "codebook levels are no range of unsigned values"
-        offset = 1 << (self.bits - 1)
-        return GroupedBlocks((self.values + offset).astype(np.int8), self.scale, self.scale * np.float32(offset),
-                             self.group, self.bits, self.type_name, self.d,
-                             None if self.d is None else self.d * np.float32(offset))
-
-    def regrouped(self, group: int) -> "GroupedBlocks":
-        """The same weights with groups of `group` (a divisor of this group): each scale and min repeated."""
-        repeat = self.group // group
-        return GroupedBlocks(self.values, np.repeat(self.scale, repeat, axis=1),
-                             None if self.min is None else np.repeat(self.min, repeat, axis=1), group, self.bits,
-                             self.type_name, self.d, self.dmin, self.codebook)
-
-    def as_int8(self) -> "GroupedBlocks":
-        """The same weights with their values held as int8 (every type's values fit)."""
-        return GroupedBlocks(self.values, self.scale, self.min, self.group, 8, self.type_name, self.d, self.dmin)
-
 
 def _f16(column: np.ndarray) -> np.ndarray:
     """(blocks, 2) bytes of a float16 field -> (blocks,) float32."""

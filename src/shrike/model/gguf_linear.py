@@ -2,12 +2,10 @@
 
 The make_linear of a model loaded from a GGUF file: a linear whose tensors are of a type in
 convert.gguf_blocks.TYPES is built from the file's quant blocks, repacked losslessly, instead of being
-converted to bf16. Every mix becomes a grouped weight (kernels.GroupedWeight), in groups of 16
-when any part has them (a group of 32 is two of 16 with the same scale and min), at the widest part's bits
-(4: Q4_0, Q4_1, Q4_K; 6: Q5_x, Q6_K; 8: Q8_0), IQ4_NL and IQ4_XS as their grid's 4-bit indices when every part
-is one of them, else as int8; a signed 4- or 6-bit part beside parts with mins takes unsigned values and a min
-(exact), an int8 part keeps its signs. Layers of other types (F16, BF16, F32, Q2_K, Q3_K, the other
-i-quants) are converted to bf16 as `shrike convert` converts them, read from the file when the model
+converted to bf16: a grouped weight (kernels.GroupedWeight) of its type's bits (4: Q4_0, Q4_1, Q4_K; 6: Q5_x,
+Q6_K; 8: Q8_0; IQ4_NL and IQ4_XS as 4-bit indices of their grid). A fused layer (q/k/v, gate/up) whose parts
+pack differently is a kernels.GroupedParts: each run of alike parts one weight, writing its own columns.
+Layers of other types (F16, BF16, F32, Q2_K, Q3_K, the other i-quants) are converted to bf16 as `shrike convert` converts them, read from the file when the model
 asks for them (model.weights.GGUFTensors). The lm_head (output.weight, or the tied
 token_embd.weight) runs from the file's blocks when its type has a kernel; the embedding table is then
 read by rows from the same packed blocks (kernels.packed_table_args), dequantized and rounded to bf16
@@ -26,7 +24,7 @@ import torch
 from shrike.convert.gguf import GGUFModel
 from shrike.convert.gguf_blocks import TYPES, GroupedBlocks, grouped_blocks
 from shrike.convert.llama_weights import LAYER_NAMES, undo_rope_permutation
-from shrike.kernels import GroupedWeight
+from shrike.kernels import GroupedParts, GroupedWeight
 from shrike.layers.linear import DenseLinear
 from shrike.layers.lm_head import LMHead
 from shrike.ops import weight_for_op
@@ -164,26 +162,28 @@ def _has_kernel(tensor) -> bool:
 
 
 def _weight(blocks: list[GroupedBlocks]) -> tuple[object, str]:
-    """One packed weight for parts fused along the output, and its format."""
-    group = min(b.group for b in blocks)
-    blocks = [b.regrouped(group) if b.group != group else b for b in blocks]
-    has_min = any(b.min is not None for b in blocks)
-    codebook = all(b.codebook for b in blocks)
-    if not codebook and any(b.codebook for b in blocks):  # grid levels beside other values: all as int8
-        blocks = [b.as_int8() for b in blocks]
-    # the widest part's bits hold every part's values; signed 4- and 6-bit parts beside parts with mins are
-    # shifted to unsigned values with a min (int8 holds both signs as they are)
-    bits = max(b.bits for b in blocks)
-    if has_min and bits < 8:
-        blocks = [b if b.min is not None else b.with_min() for b in blocks]
-    values = torch.from_numpy(np.concatenate([b.values for b in blocks]))
-    scale = torch.from_numpy(np.concatenate([b.scale for b in blocks]))
-    mins = torch.from_numpy(np.concatenate([b.min if b.min is not None else np.zeros_like(b.scale)
-                                            for b in blocks])) if has_min else None
-    d = dmin = None
-    if all(b.d is not None for b in blocks):  # every part has superblocks: scales held as their factors
-        d = torch.from_numpy(np.concatenate([b.d for b in blocks]))
-        if has_min:
-            dmin = torch.from_numpy(np.concatenate([b.dmin if b.dmin is not None else np.zeros_like(b.d)
-                                                    for b in blocks]))
-    return GroupedWeight.from_values(values, scale, mins, group, bits, d, dmin, codebook), "grouped"
+    """One weight for parts fused along the output, and its format: consecutive parts that pack alike as one
+    GroupedWeight, and a GroupedParts of those runs where they differ, so every part keeps its file's bits
+    (Q4_K_M's q and k Q4_K as one 4-bit run, its v Q6_K as a 6-bit one)."""
+    runs: list[list[GroupedBlocks]] = []
+    for b in blocks:
+        if runs and _packing(runs[-1][-1]) == _packing(b):
+            runs[-1].append(b)
+        else:
+            runs.append([b])
+    weights = [_grouped_weight(run) for run in runs]
+    return (weights[0] if len(weights) == 1 else GroupedParts(weights)), "grouped"
+
+
+def _packing(b: GroupedBlocks) -> tuple:
+    """What decides a packed weight's layout: group, value bits, mins, grid indices, superblock factors."""
+    return b.group, b.bits, b.min is not None, b.codebook, b.d is not None
+
+
+def _grouped_weight(blocks: list[GroupedBlocks]) -> GroupedWeight:
+    def joined(field: str):
+        arrays = [getattr(b, field) for b in blocks]
+        return None if arrays[0] is None else torch.from_numpy(np.concatenate(arrays))
+    first = blocks[0]
+    return GroupedWeight.from_values(joined("values"), joined("scale"), joined("min"), first.group, first.bits,
+                                     joined("d"), joined("dmin"), first.codebook)
