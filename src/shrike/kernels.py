@@ -1,5 +1,6 @@
 """Low-bit linear kernels of the Shrike C++ core (W4A8 and W8A8), with their thread pool, and the
-packed weight forms of the other linear ops (weight-only, bf16 tiles of the AMX-BF16 dense kernel).
+packed weight forms of the other linear ops (weight-only, a GGUF file's blocks for the grouped kernel, bf16
+tiles of the AMX-BF16 dense kernel).
 
 Weights are repacked once at load into interleaved tiles (``csrc/linear/layout.h``) held as a
 plain contiguous ``uint8`` tensor, so a cache can save them with safetensors (``tensors()``)
@@ -24,6 +25,7 @@ __all__ = [
     "W8A8Weight",
     "WeightOnlyWeight",
     "GroupedWeight",
+    "GroupedParts",
     "DenseTileWeight",
     "linear",
     "quantize_activations",
