@@ -3,9 +3,9 @@
 #include "grouped_linear/grouped_linear.h"
 
 #include <algorithm>
-#include <iterator>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <stdexcept>
 #include <string>
 #include <vector>
