@@ -22,8 +22,8 @@ factors sc, m (ls - 32 for IQ4_XS) per group and d, dmin per superblock, as the 
 | IQ4_NL | 32    | grid[q]       | d            | -          |
 | IQ4_XS | 32    | grid[q]       | d * (ls-32)  | -          |
 
-The i-quants' values are levels of a 16-entry grid (IQ4_GRID); they are packed as their 4-bit indices
-(``codebook``), which the kernels look up.
+IQ4_NL's and IQ4_XS's values are levels of a 16-entry grid (IQ4_GRID); they are packed as their 4-bit
+indices (``codebook``), which the kernels look up.
 """
 
 from __future__ import annotations

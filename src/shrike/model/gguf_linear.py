@@ -5,11 +5,11 @@ convert.gguf_blocks.TYPES is built from the file's quant blocks, repacked lossle
 converted to bf16: a grouped weight (kernels.GroupedWeight) of its type's bits (4: Q4_0, Q4_1, Q4_K; 6: Q5_x,
 Q6_K; 8: Q8_0; IQ4_NL and IQ4_XS as 4-bit indices of their grid). A fused layer (q/k/v, gate/up) whose parts
 pack differently is a kernels.GroupedParts: each run of alike parts one weight, writing its own columns.
-Layers of other types (F16, BF16, F32, Q2_K, Q3_K, the other i-quants) are converted to bf16 as `shrike convert` converts them, read from the file when the model
-asks for them (model.weights.GGUFTensors). The lm_head (output.weight, or the tied
-token_embd.weight) runs from the file's blocks when its type has a kernel; the embedding table is then
-read by rows from the same packed blocks (kernels.packed_table_args), dequantized and rounded to bf16
-as the conversion would hold them, so a tied table is held once and in the file's size.
+Layers of other types (F16, BF16, F32, Q2_K, Q3_K, the other i-quants) are converted to bf16 as `shrike
+convert` converts them, read from the file when the model asks for them (model.weights.GGUFTensors). The
+lm_head (output.weight, or the tied token_embd.weight) runs from the file's blocks when its type has a kernel;
+the embedding table is then read by rows from the same packed blocks (kernels.packed_table_args), dequantized
+and rounded to bf16 as the conversion would hold them, so a tied table is held once and in the file's size.
 Mixture-of-experts files merge each layer's experts into one tensor per projection (ffn_*_exps,
 (experts, rows, row bytes)); each expert's linear is its slice of that tensor.
 """
