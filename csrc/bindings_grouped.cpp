@@ -81,11 +81,15 @@ void grouped_linear(const Array& x, const Array& packed, int64_t n, int64_t grou
   require(x.ndim() == 2 && contiguous(x), kOp, "x must be a contiguous 2-D (M, K) tensor, got shape " + shape_text(x));
   const int64_t m = dim(x, 0), k = dim(x, 1);
   shrike::GroupedWeight w = grouped_weight(packed, n, k, group, bits, has_min, codebook, params);
-  require(out.ndim() == 2 && dim(out, 0) == m && dim(out, 1) == n && contiguous(out), kOp,
-          "out must be contiguous (" + std::to_string(m) + ", " + std::to_string(n) + "), got " + shape_text(out));
+  const std::string out_shape = "out must be (" + std::to_string(m) + ", " + std::to_string(n) +
+                                ") with contiguous rows, got " + shape_text(out);
+  require(out.ndim() == 2 && dim(out, 0) == m && dim(out, 1) == n, kOp, out_shape);
+  // rows may lie further apart than n (a part's columns of a wider output), but each row is contiguous
+  const int64_t out_stride = m > 1 ? static_cast<int64_t>(out.stride(0)) : n;
+  require((n <= 1 || out.stride(1) == 1) && out_stride >= n, kOp, out_shape);
   const float* b = bias ? checked<float>(*bias, "bias", static_cast<size_t>(n)) : nullptr;
   nb::gil_scoped_release release;
-  shrike::grouped_linear(x.data(), xt, m, w, b, out.data(), ot);
+  shrike::grouped_linear(x.data(), xt, m, w, b, out.data(), ot, out_stride);
 }
 
 }  // namespace

@@ -99,6 +99,18 @@ def test_grouped_kernel_equals_its_reference_bit_for_bit(bits, group, has_min, c
     assert torch.equal(got, want)
 
 
+def test_the_grouped_kernel_writes_a_column_slice_of_a_wider_output_and_rejects_rows_that_are_not_contiguous():
+    weight = GroupedWeight.from_values(torch.randint(-8, 8, (16, 64), dtype=torch.int8), torch.rand(16, 2), None, 32, 4)
+    x, alone = torch.randn(3, 64), torch.empty(3, 16)
+    grouped_linear_kernel(x, weight, None, alone)
+    wide = torch.full((3, 20), 7.0)
+    grouped_linear_kernel(x, weight, None, wide[:, 2:18])  # rows 20 apart
+    assert torch.equal(wide[:, 2:18], alone)
+    assert (wide[:, :2] == 7).all() and (wide[:, 18:] == 7).all()
+    with pytest.raises(ValueError, match="with contiguous rows"):
+        grouped_linear_kernel(x, weight, None, torch.empty(16, 3).t())
+
+
 def test_a_codebook_weight_takes_only_the_grids_levels_and_no_mins():
     values, scale = torch.from_numpy(IQ4_GRID).repeat(2, 4), torch.ones(2, 2)
     assert torch.equal(GroupedWeight.from_values(values, scale, None, 32, 4, codebook=True).unpack()[0], values)

@@ -1,8 +1,9 @@
 // Grouped linear with NEON sdot (Armv8.2 dotprod; also what i8mm and SVE2 machines run).
 // sdot multiplies signed bytes, so int8 values go in as stored and 4-bit values (0..15, or w + 8
 // without mins, whose 8 the group sums remove) after a mask or a shift, 6-bit ones (0..63, or w + 32)
-// with their top two bits or-ed in from the high-bit plane, codebook indices after a table lookup (tbl); a slice's 32 bytes are rows 0-3 then rows 4-7, four K values per 32-bit lane,
-// exactly one sdot operand per half tile. Group sums are exact int32, so the float epilogue is
+// with their top two bits or-ed in from the high-bit plane, codebook indices after a table lookup (tbl);
+// a slice's 32 bytes are rows 0-3 then rows 4-7, four K values per 32-bit lane, exactly one sdot operand
+// per half tile. Group sums are exact int32, so the float epilogue is
 // grouped_ref.cpp's in the same order.
 #include <arm_neon.h>
 

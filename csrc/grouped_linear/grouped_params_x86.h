@@ -8,7 +8,6 @@
 namespace shrike {
 namespace {
 
-// params: the group's 8 values; header: the superblock's 8 fp16 d (or dmin), read when factored.
 // The 8 fp16 at p (a factored superblock's d or dmin) as float32.
 inline __m256 load_header(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 
@@ -17,6 +16,7 @@ inline __m256 factored_params(const uint8_t* params, __m256 d) {  // exact in fl
   return _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(params)))));
 }
 
+// params: the group's 8 values; header: the superblock's 8 fp16 d (or dmin), read when factored.
 inline __m256 load_params(const uint8_t* params, const uint8_t* header, GroupedParams form) {
   if (form == GroupedParams::kFloat16) return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(params)));
   if (form == GroupedParams::kFactored) return factored_params(params, load_header(header));

@@ -302,14 +302,13 @@ def quantize_blocks_of_32(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _over_grouped_parts(op, x: torch.Tensor, weight, bias: torch.Tensor | None, out: torch.Tensor) -> bool:
-    """Runs op on each part of a kernels.GroupedParts into its columns of out; False for a single weight."""
+    """Runs op on each part of a kernels.GroupedParts into its columns of out (a view: the kernel writes rows
+    out's row stride apart); False for a single weight."""
     if not isinstance(weight, GroupedParts):
         return False
     col = 0
     for part in weight.parts:
-        columns = torch.empty(out.shape[0], part.n, dtype=out.dtype)
-        op(x, part, None if bias is None else bias[col:col + part.n], columns)
-        out[:, col:col + part.n] = columns
+        op(x, part, None if bias is None else bias[col:col + part.n], out[:, col:col + part.n])
         col += part.n
     return True
 
